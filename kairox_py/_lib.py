@@ -1,0 +1,555 @@
+"""ctypes bindings to libkairox (patched llama.cpp + ggml in one shared library).
+
+This is the ONE place that finds and loads the library and declares the C functions
+kairox_py calls. Everything else goes through :func:`lib`.
+
+Why it is organised this way:
+
+* Struct mirrors must match ``vendor/llama.cpp/include/llama.h`` of the vendored version
+  field for field: ctypes cannot check that, so the library describes its own layout
+  (``kairox_abi_sizeof`` / ``kairox_abi_offsetof``) and the test suite compares the two.
+* Function prototypes live in one table (:data:`_FUNCTIONS`), each entry next to its C
+  signature, so a llama.cpp upgrade is a diff against ``llama.h`` in one file.
+* Loading is lazy and cached (:func:`lib`): importing ``kairox_py`` must work without a
+  built library (``kairox info`` only needs the ``gguf`` package), and the log callback
+  and ``llama_backend_init`` must happen exactly once per process.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import functools
+import importlib.metadata
+import os
+import sys
+from collections.abc import Iterator
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    c_bool,
+    c_char_p,
+    c_double,
+    c_float,
+    c_int,
+    c_int8,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from pathlib import Path
+from typing import Any
+
+from .errors import KairoxError
+
+LIB_NAME = "libkairox.so" if sys.platform != "darwin" else "libkairox.dylib"
+ENV_LIB = "KAIROX_LIB"
+ENV_VERBOSE = "KAIROX_VERBOSE"
+
+# ---------------------------------------------------------------------------------------
+# Constants and scalar types (llama.h)
+# ---------------------------------------------------------------------------------------
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+LLAMA_TOKEN_NULL = -1
+
+llama_token = c_int32
+llama_pos = c_int32
+llama_seq_id = c_int32
+c_enum = c_int  # C enums are int-sized on every ABI we build for
+
+# opaque handles: struct llama_model *, llama_context *, llama_vocab *, llama_sampler *,
+# llama_memory_t. Kept as plain void pointers; type safety lives in the Python wrappers.
+llama_model_p = c_void_p
+llama_context_p = c_void_p
+llama_vocab_p = c_void_p
+llama_sampler_p = c_void_p
+llama_memory_t = c_void_p
+
+# ggml_log_level (ggml.h)
+GGML_LOG_LEVEL_NONE, GGML_LOG_LEVEL_DEBUG, GGML_LOG_LEVEL_INFO = 0, 1, 2
+GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT = 3, 4, 5
+
+# typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, void * user_data);
+ggml_log_callback = CFUNCTYPE(None, c_enum, c_char_p, c_void_p)
+# typedef bool (*llama_progress_callback)(float progress, void * user_data);
+llama_progress_callback = CFUNCTYPE(c_bool, c_float, c_void_p)
+# typedef bool (*ggml_backend_sched_eval_callback)(struct ggml_tensor * t, bool ask, void * user_data);
+ggml_backend_sched_eval_callback = CFUNCTYPE(c_bool, c_void_p, c_bool, c_void_p)
+# typedef bool (*ggml_abort_callback)(void * data);
+ggml_abort_callback = CFUNCTYPE(c_bool, c_void_p)
+
+
+# ---------------------------------------------------------------------------------------
+# Struct mirrors (llama.h, same order and names as in C)
+# ---------------------------------------------------------------------------------------
+class llama_token_data(Structure):
+    _fields_ = [
+        ("id", llama_token),  # token id
+        ("logit", c_float),  # log-odds of the token
+        ("p", c_float),  # probability of the token
+    ]
+
+
+class llama_token_data_array(Structure):
+    _fields_ = [
+        ("data", POINTER(llama_token_data)),
+        ("size", c_size_t),
+        ("selected", c_int64),  # index in data (not the token id)
+        ("sorted", c_bool),
+    ]
+
+
+class llama_batch(Structure):
+    _fields_ = [
+        ("n_tokens", c_int32),
+        ("token", POINTER(llama_token)),
+        ("embd", POINTER(c_float)),
+        ("pos", POINTER(llama_pos)),
+        ("n_seq_id", POINTER(c_int32)),
+        ("seq_id", POINTER(POINTER(llama_seq_id))),
+        ("logits", POINTER(c_int8)),  # "output" flags
+    ]
+
+
+class llama_model_params(Structure):
+    _fields_ = [
+        ("devices", c_void_p),  # ggml_backend_dev_t *
+        ("tensor_buft_overrides", c_void_p),  # const struct llama_model_tensor_buft_override *
+        ("n_gpu_layers", c_int32),
+        ("split_mode", c_enum),  # enum llama_split_mode
+        ("load_mode", c_enum),  # enum llama_load_mode
+        ("lazy_mode", c_enum),  # enum llama_lazy_mode
+        ("main_gpu", c_int32),
+        ("tensor_split", POINTER(c_float)),
+        ("progress_callback", llama_progress_callback),
+        ("progress_callback_user_data", c_void_p),
+        ("kv_overrides", c_void_p),  # const struct llama_model_kv_override *
+        ("vocab_only", c_bool),
+        ("check_tensors", c_bool),
+        ("use_extra_bufts", c_bool),
+        ("no_host", c_bool),
+        ("no_alloc", c_bool),
+        ("load_mtp", c_bool),
+    ]
+
+
+class llama_sampler_seq_config(Structure):
+    _fields_ = [
+        ("seq_id", llama_seq_id),
+        ("sampler", llama_sampler_p),
+    ]
+
+
+class llama_context_params(Structure):
+    _fields_ = [
+        ("n_ctx", c_uint32),
+        ("n_batch", c_uint32),
+        ("n_ubatch", c_uint32),
+        ("n_seq_max", c_uint32),
+        ("n_rs_seq", c_uint32),
+        ("n_outputs_max", c_uint32),
+        ("n_outputs_max_per_seq", c_uint32),
+        ("n_threads", c_int32),
+        ("n_threads_batch", c_int32),
+        ("ctx_type", c_enum),  # enum llama_context_type
+        ("rope_scaling_type", c_enum),  # enum llama_rope_scaling_type
+        ("pooling_type", c_enum),  # enum llama_pooling_type
+        ("attention_type", c_enum),  # enum llama_attention_type
+        ("flash_attn_type", c_enum),  # enum llama_flash_attn_type
+        ("rope_freq_base", c_float),
+        ("rope_freq_scale", c_float),
+        ("yarn_ext_factor", c_float),
+        ("yarn_attn_factor", c_float),
+        ("yarn_beta_fast", c_float),
+        ("yarn_beta_slow", c_float),
+        ("yarn_orig_ctx", c_uint32),
+        ("defrag_thold", c_float),
+        ("cb_eval", ggml_backend_sched_eval_callback),
+        ("cb_eval_user_data", c_void_p),
+        ("type_k", c_enum),  # enum ggml_type
+        ("type_v", c_enum),  # enum ggml_type
+        ("abort_callback", ggml_abort_callback),
+        ("abort_callback_data", c_void_p),
+        ("embeddings", c_bool),
+        ("offload_kqv", c_bool),
+        ("no_perf", c_bool),
+        ("op_offload", c_bool),
+        ("swa_full", c_bool),
+        ("kv_unified", c_bool),
+        ("samplers", POINTER(llama_sampler_seq_config)),
+        ("n_samplers", c_size_t),
+        ("ctx_other", llama_context_p),
+    ]
+
+
+class llama_logit_bias(Structure):
+    _fields_ = [
+        ("token", llama_token),
+        ("bias", c_float),
+    ]
+
+
+class llama_sampler_chain_params(Structure):
+    _fields_ = [
+        ("no_perf", c_bool),  # whether to measure performance timings
+    ]
+
+
+class llama_chat_message(Structure):
+    _fields_ = [
+        ("role", c_char_p),
+        ("content", c_char_p),
+    ]
+
+
+class llama_perf_context_data(Structure):
+    _fields_ = [
+        ("t_start_ms", c_double),  # absolute start time
+        ("t_load_ms", c_double),  # time needed for loading the model
+        ("t_p_eval_ms", c_double),  # time needed for processing the prompt
+        ("t_eval_ms", c_double),  # time needed for generating tokens
+        ("n_p_eval", c_int32),  # number of prompt tokens
+        ("n_eval", c_int32),  # number of generated tokens
+        ("n_reused", c_int32),  # number of times a ggml compute graph had been reused
+    ]
+
+
+class llama_perf_sampler_data(Structure):
+    _fields_ = [
+        ("t_sample_ms", c_double),
+        ("n_sample", c_int32),
+    ]
+
+
+#: Every struct mirror, by its C name: what the ABI test compares against the library.
+STRUCTS: dict[str, type[Structure]] = {
+    cls.__name__: cls
+    for cls in (
+        llama_model_params,
+        llama_context_params,
+        llama_batch,
+        llama_sampler_chain_params,
+        llama_perf_context_data,
+        llama_perf_sampler_data,
+        llama_chat_message,
+        llama_token_data,
+        llama_token_data_array,
+        llama_logit_bias,
+    )
+}
+
+# ---------------------------------------------------------------------------------------
+# Function prototypes: (name, argtypes, restype), each under its C declaration.
+# ---------------------------------------------------------------------------------------
+_FUNCTIONS: list[tuple[str, list[Any], Any]] = [
+    # --- kairox.h ---
+    # const char * kairox_version(void);
+    ("kairox_version", [], c_char_p),
+    # size_t kairox_abi_sizeof(const char * type_name);
+    ("kairox_abi_sizeof", [c_char_p], c_size_t),
+    # size_t kairox_abi_offsetof(const char * type_name, const char * field_name);
+    ("kairox_abi_offsetof", [c_char_p, c_char_p], c_size_t),
+    # --- backend and logging ---
+    # const char * llama_version(void);
+    ("llama_version", [], c_char_p),
+    # void llama_backend_init(void);
+    ("llama_backend_init", [], None),
+    # void llama_log_set(ggml_log_callback log_callback, void * user_data);
+    ("llama_log_set", [ggml_log_callback, c_void_p], None),
+    # const char * llama_print_system_info(void);
+    ("llama_print_system_info", [], c_char_p),
+    # bool llama_supports_gpu_offload(void);
+    ("llama_supports_gpu_offload", [], c_bool),
+    # --- default parameters ---
+    # struct llama_model_params llama_model_default_params(void);
+    ("llama_model_default_params", [], llama_model_params),
+    # struct llama_context_params llama_context_default_params(void);
+    ("llama_context_default_params", [], llama_context_params),
+    # struct llama_sampler_chain_params llama_sampler_chain_default_params(void);
+    ("llama_sampler_chain_default_params", [], llama_sampler_chain_params),
+    # --- model ---
+    # struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
+    ("llama_model_load_from_file", [c_char_p, llama_model_params], llama_model_p),
+    # void llama_model_free(struct llama_model * model);
+    ("llama_model_free", [llama_model_p], None),
+    # const struct llama_vocab * llama_model_get_vocab(const struct llama_model * model);
+    ("llama_model_get_vocab", [llama_model_p], llama_vocab_p),
+    # int32_t llama_model_n_ctx_train(const struct llama_model * model);
+    ("llama_model_n_ctx_train", [llama_model_p], c_int32),
+    # int32_t llama_model_n_embd(const struct llama_model * model);
+    ("llama_model_n_embd", [llama_model_p], c_int32),
+    # int32_t llama_model_n_layer(const struct llama_model * model);
+    ("llama_model_n_layer", [llama_model_p], c_int32),
+    # int32_t llama_model_n_head(const struct llama_model * model);
+    ("llama_model_n_head", [llama_model_p], c_int32),
+    # int32_t llama_model_n_head_kv(const struct llama_model * model);
+    ("llama_model_n_head_kv", [llama_model_p], c_int32),
+    # int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t buf_size);
+    ("llama_model_desc", [llama_model_p, c_char_p, c_size_t], c_int32),
+    # uint64_t llama_model_size(const struct llama_model * model);
+    ("llama_model_size", [llama_model_p], c_uint64),
+    # uint64_t llama_model_n_params(const struct llama_model * model);
+    ("llama_model_n_params", [llama_model_p], c_uint64),
+    # bool llama_model_has_decoder(const struct llama_model * model);
+    ("llama_model_has_decoder", [llama_model_p], c_bool),
+    # bool llama_model_has_encoder(const struct llama_model * model);
+    ("llama_model_has_encoder", [llama_model_p], c_bool),
+    # const char * llama_model_chat_template(const struct llama_model * model, const char * name);
+    ("llama_model_chat_template", [llama_model_p, c_char_p], c_char_p),
+    # int32_t llama_model_meta_count(const struct llama_model * model);
+    ("llama_model_meta_count", [llama_model_p], c_int32),
+    # int32_t llama_model_meta_key_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
+    ("llama_model_meta_key_by_index", [llama_model_p, c_int32, c_char_p, c_size_t], c_int32),
+    # int32_t llama_model_meta_val_str_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
+    ("llama_model_meta_val_str_by_index", [llama_model_p, c_int32, c_char_p, c_size_t], c_int32),
+    # --- vocab and tokenization ---
+    # int32_t llama_vocab_n_tokens(const struct llama_vocab * vocab);
+    ("llama_vocab_n_tokens", [llama_vocab_p], c_int32),
+    # bool llama_vocab_is_eog(const struct llama_vocab * vocab, llama_token token);
+    ("llama_vocab_is_eog", [llama_vocab_p, llama_token], c_bool),
+    # llama_token llama_vocab_bos(const struct llama_vocab * vocab);
+    ("llama_vocab_bos", [llama_vocab_p], llama_token),
+    # llama_token llama_vocab_eos(const struct llama_vocab * vocab);
+    ("llama_vocab_eos", [llama_vocab_p], llama_token),
+    # bool llama_vocab_get_add_bos(const struct llama_vocab * vocab);
+    ("llama_vocab_get_add_bos", [llama_vocab_p], c_bool),
+    # int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len,
+    #                        llama_token * tokens, int32_t n_tokens_max, bool add_special, bool parse_special);
+    ("llama_tokenize",
+     [llama_vocab_p, c_char_p, c_int32, POINTER(llama_token), c_int32, c_bool, c_bool], c_int32),
+    # int32_t llama_token_to_piece(const struct llama_vocab * vocab, llama_token token, char * buf,
+    #                              int32_t length, int32_t lstrip, bool special);
+    ("llama_token_to_piece", [llama_vocab_p, llama_token, c_char_p, c_int32, c_int32, c_bool], c_int32),
+    # int32_t llama_detokenize(const struct llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
+    #                          char * text, int32_t text_len_max, bool remove_special, bool unparse_special);
+    ("llama_detokenize",
+     [llama_vocab_p, POINTER(llama_token), c_int32, c_char_p, c_int32, c_bool, c_bool], c_int32),
+    # int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_message * chat, size_t n_msg,
+    #                                   bool add_ass, char * buf, int32_t length);
+    ("llama_chat_apply_template",
+     [c_char_p, POINTER(llama_chat_message), c_size_t, c_bool, c_char_p, c_int32], c_int32),
+    # --- context ---
+    # struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
+    ("llama_init_from_model", [llama_model_p, llama_context_params], llama_context_p),
+    # void llama_free(struct llama_context * ctx);
+    ("llama_free", [llama_context_p], None),
+    # uint32_t llama_n_ctx(const struct llama_context * ctx);
+    ("llama_n_ctx", [llama_context_p], c_uint32),
+    # uint32_t llama_n_batch(const struct llama_context * ctx);
+    ("llama_n_batch", [llama_context_p], c_uint32),
+    # uint32_t llama_n_ubatch(const struct llama_context * ctx);
+    ("llama_n_ubatch", [llama_context_p], c_uint32),
+    # int32_t llama_n_threads(struct llama_context * ctx);
+    ("llama_n_threads", [llama_context_p], c_int32),
+    # void llama_set_n_threads(struct llama_context * ctx, int32_t n_threads, int32_t n_threads_batch);
+    ("llama_set_n_threads", [llama_context_p, c_int32, c_int32], None),
+    # llama_memory_t llama_get_memory(const struct llama_context * ctx);
+    ("llama_get_memory", [llama_context_p], llama_memory_t),
+    # void llama_memory_clear(llama_memory_t mem, bool data);
+    ("llama_memory_clear", [llama_memory_t, c_bool], None),
+    # llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id);
+    ("llama_memory_seq_pos_max", [llama_memory_t, llama_seq_id], llama_pos),
+    # --- decoding ---
+    # struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
+    ("llama_batch_init", [c_int32, c_int32, c_int32], llama_batch),
+    # void llama_batch_free(struct llama_batch batch);
+    ("llama_batch_free", [llama_batch], None),
+    # int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch);
+    ("llama_decode", [llama_context_p, llama_batch], c_int32),
+    # float * llama_get_logits(struct llama_context * ctx);
+    ("llama_get_logits", [llama_context_p], POINTER(c_float)),
+    # float * llama_get_logits_ith(struct llama_context * ctx, int32_t i);
+    ("llama_get_logits_ith", [llama_context_p, c_int32], POINTER(c_float)),
+    # --- sampling ---
+    # struct llama_sampler * llama_sampler_chain_init(struct llama_sampler_chain_params params);
+    ("llama_sampler_chain_init", [llama_sampler_chain_params], llama_sampler_p),
+    # void llama_sampler_chain_add(struct llama_sampler * chain, struct llama_sampler * smpl);
+    ("llama_sampler_chain_add", [llama_sampler_p, llama_sampler_p], None),
+    # struct llama_sampler * llama_sampler_init_greedy(void);
+    ("llama_sampler_init_greedy", [], llama_sampler_p),
+    # struct llama_sampler * llama_sampler_init_dist(uint32_t seed);
+    ("llama_sampler_init_dist", [c_uint32], llama_sampler_p),
+    # struct llama_sampler * llama_sampler_init_top_k(int32_t k);
+    ("llama_sampler_init_top_k", [c_int32], llama_sampler_p),
+    # struct llama_sampler * llama_sampler_init_top_p(float p, size_t min_keep);
+    ("llama_sampler_init_top_p", [c_float, c_size_t], llama_sampler_p),
+    # struct llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep);
+    ("llama_sampler_init_min_p", [c_float, c_size_t], llama_sampler_p),
+    # struct llama_sampler * llama_sampler_init_temp(float t);
+    ("llama_sampler_init_temp", [c_float], llama_sampler_p),
+    # struct llama_sampler * llama_sampler_init_logit_bias(int32_t n_vocab, int32_t n_logit_bias,
+    #                                                      const llama_logit_bias * logit_bias);
+    ("llama_sampler_init_logit_bias", [c_int32, c_int32, POINTER(llama_logit_bias)], llama_sampler_p),
+    # llama_token llama_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx);
+    ("llama_sampler_sample", [llama_sampler_p, llama_context_p, c_int32], llama_token),
+    # void llama_sampler_reset(struct llama_sampler * smpl);
+    ("llama_sampler_reset", [llama_sampler_p], None),
+    # void llama_sampler_free(struct llama_sampler * smpl);
+    ("llama_sampler_free", [llama_sampler_p], None),
+    # --- performance ---
+    # struct llama_perf_context_data llama_perf_context(const struct llama_context * ctx);
+    ("llama_perf_context", [llama_context_p], llama_perf_context_data),
+    # void llama_perf_context_reset(struct llama_context * ctx);
+    ("llama_perf_context_reset", [llama_context_p], None),
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Finding the library
+# ---------------------------------------------------------------------------------------
+def _package_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def _distribution_candidates() -> Iterator[Path]:
+    """The .so among the files of the installed ``kairox`` distribution.
+
+    scikit-build-core editable installs leave ``kairox_py`` sources in the repository and
+    put the built library into site-packages, so it is not next to ``__file__``.
+    """
+    try:
+        dist = importlib.metadata.distribution("kairox")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    for f in dist.files or ():
+        if f.name == LIB_NAME:
+            yield Path(str(dist.locate_file(f))).resolve()
+
+
+def _repo_candidates() -> Iterator[Path]:
+    """Developer builds in the source tree: build/dev first, then any other build dir."""
+    build = _package_dir().parent / "build"
+    yield build / "dev" / LIB_NAME
+    if build.is_dir():
+        yield from sorted(build.glob(f"*/{LIB_NAME}"))
+
+
+def library_candidates() -> list[Path]:
+    """Where :func:`find_library` looks, in order (the env var first)."""
+    found: list[Path] = []
+    env = os.environ.get(ENV_LIB)
+    if env:
+        found.append(Path(env).expanduser())
+    found.append(_package_dir() / "lib" / LIB_NAME)
+    found.extend(_distribution_candidates())
+    found.extend(_repo_candidates())
+    return found
+
+
+def find_library() -> Path:
+    """Path of libkairox, or KairoxError saying how to build it."""
+    env = os.environ.get(ENV_LIB)
+    if env:
+        p = Path(env).expanduser()
+        if not p.is_file():
+            raise KairoxError(f"{ENV_LIB}={env} does not name a file")
+        return p
+    for p in library_candidates():
+        if p.is_file():
+            return p
+    raise KairoxError(
+        f"{LIB_NAME} not found: install the package with `pip install .` (builds it), "
+        f"or build it with `cmake -S . -B build/dev -G Ninja && cmake --build build/dev "
+        f"--target kairox`, or point {ENV_LIB} at it")
+
+
+# ---------------------------------------------------------------------------------------
+# Logging
+# ---------------------------------------------------------------------------------------
+class LogSink:
+    """Receives llama.cpp/ggml log messages.
+
+    Quiet by default: llama.cpp logs hundreds of lines per model load. Error-level
+    messages are still kept (last few) so failures such as a corrupt GGUF can be reported
+    with the library's own reason. Verbose mode echoes everything to stderr.
+    """
+
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+        self._errors: collections.deque[str] = collections.deque(maxlen=16)
+        self._last_level = GGML_LOG_LEVEL_NONE
+        # ctypes would free the trampoline with the Python object: keep it referenced.
+        self.callback = ggml_log_callback(self._on_log)
+
+    def _on_log(self, level: int, text: bytes | None, _user: int | None) -> None:
+        if level == GGML_LOG_LEVEL_CONT:
+            level = self._last_level
+        self._last_level = level
+        msg = (text or b"").decode("utf-8", errors="replace")
+        if level == GGML_LOG_LEVEL_ERROR:
+            if self._errors and not self._errors[-1].endswith("\n"):
+                self._errors[-1] += msg
+            else:
+                self._errors.append(msg)
+        if self.verbose:
+            sys.stderr.write(msg)
+            sys.stderr.flush()
+
+    def take_errors(self) -> list[str]:
+        """Error messages logged since the last call (stripped, non-empty)."""
+        out = [m.strip() for m in self._errors if m.strip()]
+        self._errors.clear()
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# The loaded library
+# ---------------------------------------------------------------------------------------
+class Library:
+    """libkairox with every prototype of :data:`_FUNCTIONS` bound as an attribute."""
+
+    def __init__(self, path: Path, verbose: bool) -> None:
+        self.path = path
+        try:
+            self.cdll = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise KairoxError(f"cannot load {path}: {e}") from None
+        missing = []
+        for name, argtypes, restype in _FUNCTIONS:
+            try:
+                fn = getattr(self.cdll, name)
+            except AttributeError:
+                missing.append(name)
+                continue
+            fn.argtypes = argtypes
+            fn.restype = restype
+            setattr(self, name, fn)
+        if missing:
+            raise KairoxError(f"{path} lacks {', '.join(missing)}: rebuild it from this tree")
+        self.log = LogSink(verbose)
+        self.llama_log_set(self.log.callback, None)
+        self.llama_backend_init()
+
+    def __getattr__(self, name: str) -> Any:  # only reached for undeclared names
+        raise AttributeError(f"{name} is not declared in kairox_py._lib._FUNCTIONS")
+
+    def version(self) -> str:
+        return (self.kairox_version() or b"").decode()
+
+    def abi_sizeof(self, type_name: str) -> int | None:
+        """sizeof(type_name) as compiled into the library; None if it is not described."""
+        n = int(self.kairox_abi_sizeof(type_name.encode()))
+        return None if n == ctypes.c_size_t(-1).value else n
+
+    def abi_offsetof(self, type_name: str, field: str) -> int | None:
+        """offsetof(type_name, field) in the library; None if it is not described."""
+        n = int(self.kairox_abi_offsetof(type_name.encode(), field.encode()))
+        return None if n == ctypes.c_size_t(-1).value else n
+
+
+def _env_verbose() -> bool:
+    return os.environ.get(ENV_VERBOSE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def lib() -> Library:
+    """The process-wide library handle (loaded, logging installed, backend initialised)."""
+    return Library(find_library(), verbose=_env_verbose())
+
+
+def set_verbose(verbose: bool) -> None:
+    """Echo llama.cpp's log output to stderr (True) or keep it quiet (False)."""
+    lib().log.verbose = verbose

@@ -1,0 +1,632 @@
+"""Thin Python objects over the llama.cpp C API: Model, Session, sampling, timings.
+
+Why thin: Kairox's value is in the C++ kernels; Python only has to drive them the same
+way llama.cpp's own tools do (so results can be compared token for token with
+``llama-completion``) and expose what evaluation needs (logits, timings). Every native
+resource is owned by exactly one object, released by ``close()`` (or the context
+manager, or a ``weakref.finalize`` as a last resort), and a Model closes its Sessions
+first because a llama_context must not outlive its llama_model.
+"""
+from __future__ import annotations
+
+import codecs
+import ctypes
+import functools
+import math
+import os
+import re
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import _lib
+from .errors import KairoxError
+
+GGUF_MAGIC = b"GGUF"
+
+#: A chat message: {"role": ..., "content": ...} or (role, content).
+Message = Mapping[str, str] | Sequence[str]
+
+
+def default_threads() -> int:
+    """min(4, CPU count): more threads rarely help a small model and hurt on shared boxes."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _read_string(call: Any, *args: Any, initial: int = 256) -> str:
+    """Call a llama.cpp `(…, char * buf, size_t buf_size) -> length` function, growing buf."""
+    size = initial
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = call(*args, buf, size)
+        if n < 0:
+            return ""
+        if n < size:
+            return buf.raw[:n].decode("utf-8", errors="replace")
+        size = n + 1
+
+
+def _load_failure_reason(errors: list[str]) -> str:
+    """The most specific reason among llama.cpp's error log lines for a failed load."""
+    for msg in errors:
+        line = msg.splitlines()[0] if msg else ""
+        # "llama_model_load: error loading model: tensor '…' data is not within the file bounds"
+        line = re.sub(r"^(\w+: )+", "", line)
+        line = re.sub(r"^error loading model: (\w+: )*", "", line)
+        if line and not line.startswith("failed to load model"):
+            return line
+    return "the library could not load it (run with -v / KAIROX_VERBOSE=1 for its log)"
+
+
+# ---------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------
+class Model:
+    """A loaded GGUF model (llama_model) plus its vocabulary.
+
+    Errors a user can cause (missing file, not a GGUF, truncated or corrupt file) raise
+    KairoxError; they are checked in Python first where cheap, and otherwise reported
+    from llama.cpp's own log when the library returns NULL.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int | None = None,
+                 vocab_only: bool = False) -> None:
+        self.path = Path(path)
+        _check_gguf_file(self.path)
+        lib = _lib.lib()
+        params = lib.llama_model_default_params()
+        if n_gpu_layers is not None:
+            params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
+        lib.log.take_errors()  # drop stale messages so the reason below is ours
+        ptr = lib.llama_model_load_from_file(os.fsencode(self.path), params)
+        if not ptr:
+            reason = _load_failure_reason(lib.log.take_errors())
+            raise KairoxError(f"cannot load model {self.path}: {reason}")
+        self._lib = lib
+        self._ptr: int | None = ptr
+        self._vocab = lib.llama_model_get_vocab(ptr)
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+        self._finalizer = weakref.finalize(self, lib.llama_model_free, ptr)
+
+    # -- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the model (and first every Session still open on it)."""
+        for s in list(self._sessions):
+            s.close()
+        self._finalizer()
+        self._ptr = None
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else self.desc
+        return f"Model({str(self.path)!r}, {state})"
+
+    @property
+    def ptr(self) -> int:
+        """The raw `llama_model *` (for code that calls _lib directly)."""
+        if self._ptr is None:
+            raise KairoxError("model is closed")
+        return self._ptr
+
+    @property
+    def vocab_ptr(self) -> int:
+        """The raw `const llama_vocab *` (valid while the model is open)."""
+        if self._ptr is None:
+            raise KairoxError("model is closed")
+        return int(self._vocab)
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def n_layer(self) -> int:
+        return int(self._lib.llama_model_n_layer(self.ptr))
+
+    @property
+    def n_embd(self) -> int:
+        return int(self._lib.llama_model_n_embd(self.ptr))
+
+    @property
+    def n_head(self) -> int:
+        return int(self._lib.llama_model_n_head(self.ptr))
+
+    @property
+    def n_head_kv(self) -> int:
+        return int(self._lib.llama_model_n_head_kv(self.ptr))
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self._lib.llama_vocab_n_tokens(self.vocab_ptr))
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(self._lib.llama_model_n_ctx_train(self.ptr))
+
+    @property
+    def n_params(self) -> int:
+        return int(self._lib.llama_model_n_params(self.ptr))
+
+    @property
+    def size(self) -> int:
+        """Total bytes of all tensors."""
+        return int(self._lib.llama_model_size(self.ptr))
+
+    @property
+    def desc(self) -> str:
+        """llama.cpp's one-line description, e.g. 'llama ?B Q4_1'."""
+        return _read_string(self._lib.llama_model_desc, self.ptr)
+
+    @functools.cached_property
+    def metadata(self) -> dict[str, str]:
+        """GGUF metadata as strings (arrays appear as llama.cpp summarises them)."""
+        lib, ptr = self._lib, self.ptr
+        out = {}
+        for i in range(lib.llama_model_meta_count(ptr)):
+            key = _read_string(lib.llama_model_meta_key_by_index, ptr, i)
+            out[key] = _read_string(lib.llama_model_meta_val_str_by_index, ptr, i)
+        return out
+
+    @property
+    def chat_template(self) -> str | None:
+        """The model's default chat template (Jinja source), or None."""
+        raw = self._lib.llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8", errors="replace") if raw else None
+
+    @property
+    def bos(self) -> int:
+        return int(self._lib.llama_vocab_bos(self.vocab_ptr))
+
+    @property
+    def eos(self) -> int:
+        return int(self._lib.llama_vocab_eos(self.vocab_ptr))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(self._lib.llama_vocab_get_add_bos(self.vocab_ptr))
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
+        return bool(self._lib.llama_vocab_is_eog(self.vocab_ptr, token))
+
+    @functools.cached_property
+    def eog_tokens(self) -> tuple[int, ...]:
+        return tuple(t for t in range(self.n_vocab) if self.is_eog(t))
+
+    # -- text <-> tokens -----------------------------------------------------------------
+    def tokenize(self, text: str, *, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
+        """Text -> token ids. add_special adds BOS/EOS as the model asks; parse_special
+        turns texts such as '<|im_start|>' into their control tokens."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        for _ in range(2):
+            buf = (_lib.llama_token * cap)()
+            n = self._lib.llama_tokenize(self.vocab_ptr, data, len(data), buf, cap,
+                                         add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            if n == -(2**31):
+                break
+            cap = -n
+        raise KairoxError(f"tokenization failed for a text of {len(data)} bytes")
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        """One token's bytes. Not always valid UTF-8 on its own: a character may span
+        several tokens, so streaming callers must decode incrementally."""
+        buf = ctypes.create_string_buffer(64)
+        n = self._lib.llama_token_to_piece(self.vocab_ptr, token, buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = self._lib.llama_token_to_piece(self.vocab_ptr, token, buf, -n, 0, special)
+        return buf.raw[:max(n, 0)]
+
+    def detokenize(self, tokens: Sequence[int], *, remove_special: bool = False,
+                   unparse_special: bool = False) -> str:
+        """Token ids -> text (inverse of tokenize)."""
+        arr = (_lib.llama_token * len(tokens))(*tokens)
+        cap = max(16, 4 * len(tokens) + 16)
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = self._lib.llama_detokenize(self.vocab_ptr, arr, len(tokens), buf, cap,
+                                           remove_special, unparse_special)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            cap = -n
+        raise KairoxError("detokenization failed")
+
+    def apply_chat_template(self, messages: Sequence[Message], add_assistant: bool = True,
+                            *, template: str | None = None) -> str:
+        """Format a conversation with the model's chat template (llama.cpp's built-in
+        formatter, which recognises common templates such as ChatML; no Jinja engine).
+
+        With no template in the model (and none given) llama.cpp's default, ChatML, is used.
+        add_assistant ends the text with the opening of an assistant turn.
+        """
+        pairs = [_message_pair(m) for m in messages]
+        if not pairs:
+            raise KairoxError("no messages to format")
+        tmpl = template if template is not None else self.chat_template
+        encoded = [(r.encode("utf-8"), c.encode("utf-8")) for r, c in pairs]
+        arr = (_lib.llama_chat_message * len(encoded))(
+            *[_lib.llama_chat_message(r, c) for r, c in encoded])
+        tmpl_b = tmpl.encode("utf-8") if tmpl is not None else None
+        cap = 2 * sum(len(r) + len(c) for r, c in encoded) + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(cap)
+            n = self._lib.llama_chat_apply_template(tmpl_b, arr, len(encoded), add_assistant,
+                                                    buf, cap)
+            if n < 0:
+                raise KairoxError("the model's chat template is not one llama.cpp can apply")
+            if n <= cap:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            cap = n
+        raise KairoxError("chat template output did not fit")
+
+    # -- sessions ------------------------------------------------------------------------
+    def session(self, params: ContextParams | None = None, **overrides: Any) -> Session:
+        """A new Session (llama_context) on this model; see ContextParams for options."""
+        return Session(self, params, **overrides)
+
+
+def _check_gguf_file(path: Path) -> None:
+    """Cheap checks with clear messages before handing a path to the C loader."""
+    if not path.exists():
+        raise KairoxError(f"model file not found: {path}")
+    if not path.is_file():
+        raise KairoxError(f"not a file: {path}")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise KairoxError(f"cannot read {path}: {e.strerror or e}") from None
+    if magic != GGUF_MAGIC:
+        raise KairoxError(f"not a GGUF file (bad magic {magic!r}): {path}")
+
+
+def _message_pair(m: Message) -> tuple[str, str]:
+    if isinstance(m, Mapping):
+        role, content = m.get("role"), m.get("content")
+    elif isinstance(m, Sequence) and not isinstance(m, str) and len(m) == 2:
+        role, content = m[0], m[1]
+    else:
+        role = content = None
+    if not isinstance(role, str) or not isinstance(content, str):
+        raise KairoxError(f"a chat message needs a string role and content, got {m!r}")
+    return role, content
+
+
+# ---------------------------------------------------------------------------------------
+# Parameters and results
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ContextParams:
+    """Options of a Session's llama_context.
+
+    n_ctx: tokens the context holds; n_batch: most tokens per llama_decode call (prompts
+    are fed in chunks of this size); n_ubatch: physical batch (None: llama.cpp's default,
+    min(n_batch, 512)); n_threads: threads for single-token decoding and, unless
+    n_threads_batch says otherwise, for prompt processing (None: min(4, CPU count)).
+    """
+
+    n_ctx: int = 2048
+    n_batch: int = 512
+    n_ubatch: int | None = None
+    n_threads: int | None = None
+    n_threads_batch: int | None = None
+
+    def validate(self) -> None:
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise KairoxError(f"{name} must be a positive integer, got {v!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen.
+
+    temperature <= 0 means greedy (argmax). Otherwise the chain is
+    top-k -> top-p -> temperature -> random draw seeded by `seed` (None: random seed),
+    the order llama.cpp's tools use. top_k <= 0 and top_p >= 1 disable those steps.
+    ignore_eos keeps generating past end-of-generation tokens (they are banned).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    def validate(self) -> None:
+        if not math.isfinite(self.temperature):
+            raise KairoxError(f"temperature must be finite, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise KairoxError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not (0 <= self.seed < _lib.LLAMA_DEFAULT_SEED):
+            raise KairoxError(f"seed must be in [0, {_lib.LLAMA_DEFAULT_SEED - 1}], got {self.seed}")
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Prompt (batched) and decode (one token per call) time, from llama_perf_context."""
+
+    prompt_tokens: int
+    prompt_ms: float
+    decode_tokens: int
+    decode_ms: float
+
+    @property
+    def prompt_tps(self) -> float:
+        return 1000.0 * self.prompt_tokens / self.prompt_ms if self.prompt_ms > 0 else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return 1000.0 * self.decode_tokens / self.decode_ms if self.decode_ms > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# Session
+# ---------------------------------------------------------------------------------------
+def _create_context(model: Model, params: ContextParams) -> int:
+    """The single place a llama_context is created (Kairox settings will be passed here)."""
+    lib = model._lib
+    cp = lib.llama_context_default_params()
+    cp.n_ctx = params.n_ctx
+    cp.n_batch = params.n_batch
+    if params.n_ubatch is not None:
+        cp.n_ubatch = params.n_ubatch
+    n_threads = params.n_threads or default_threads()
+    cp.n_threads = n_threads
+    cp.n_threads_batch = params.n_threads_batch or n_threads
+    cp.no_perf = False  # Timings come from llama_perf_context
+    lib.log.take_errors()
+    ctx = lib.llama_init_from_model(model.ptr, cp)
+    if not ctx:
+        errors = lib.log.take_errors()
+        reason = errors[0] if errors else "llama_init_from_model returned NULL"
+        raise KairoxError(f"cannot create a context (n_ctx={params.n_ctx}): {reason}")
+    return int(ctx)
+
+
+def _free_session(lib: _lib.Library, ctx: int, batch: _lib.llama_batch) -> None:
+    lib.llama_batch_free(batch)
+    lib.llama_free(ctx)
+
+
+class Session:
+    """One llama_context on a Model: decoding, logits, generation, timings.
+
+    A Session tracks its own position (n_past) in a single sequence; `reset()` clears the
+    KV memory so the next text starts fresh. Not thread-safe.
+    """
+
+    def __init__(self, model: Model, params: ContextParams | None = None,
+                 **overrides: Any) -> None:
+        params = params or ContextParams()
+        if overrides:
+            params = ContextParams(**{**params.__dict__, **overrides})
+        params.validate()
+        self.model = model
+        self.params = params
+        lib = model._lib
+        self._lib = lib
+        ctx = _create_context(model, params)
+        self._ctx: int | None = ctx
+        self.n_ctx = int(lib.llama_n_ctx(ctx))
+        self.n_batch = int(lib.llama_n_batch(ctx))
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        # numpy views over the batch arrays, filled per chunk without per-element ctypes calls
+        b, cap = self._batch, self.n_batch
+        self._b_token = np.ctypeslib.as_array(b.token, shape=(cap,))
+        self._b_pos = np.ctypeslib.as_array(b.pos, shape=(cap,))
+        self._b_logits = np.ctypeslib.as_array(b.logits, shape=(cap,))
+        np.ctypeslib.as_array(b.n_seq_id, shape=(cap,))[:] = 1
+        for i in range(cap):
+            b.seq_id[i][0] = 0
+        self._n_past = 0
+        #: tokens produced by the latest generate() call
+        self.last_tokens: list[int] = []
+        #: why the latest generate() stopped: "eog", "length" or "context"
+        self.stop_reason: str | None = None
+        self._finalizer = weakref.finalize(self, _free_session, lib, ctx, self._batch)
+        model._sessions.add(self)
+
+    # -- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        self._finalizer()
+        self._ctx = None
+
+    @property
+    def closed(self) -> bool:
+        return self._ctx is None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def ptr(self) -> int:
+        """The raw `llama_context *`."""
+        if self._ctx is None:
+            raise KairoxError("session is closed")
+        return self._ctx
+
+    @property
+    def n_past(self) -> int:
+        """Tokens currently in the context's memory."""
+        return self._n_past
+
+    def reset(self) -> None:
+        """Forget everything decoded so far (KV memory and timings)."""
+        lib = self._lib
+        lib.llama_memory_clear(lib.llama_get_memory(self.ptr), True)
+        lib.llama_perf_context_reset(self.ptr)
+        self._n_past = 0
+
+    # -- decoding ------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], *, all_logits: bool = False) -> np.ndarray | None:
+        """Feed tokens after what is already in the context, n_batch at a time.
+
+        With all_logits, returns a float32 array (len(tokens), n_vocab) of the logits
+        after each token (for evaluation); otherwise only the last token's logits are
+        computed, readable with `logits()`.
+        """
+        tokens = list(tokens)
+        if not tokens:
+            raise KairoxError("nothing to decode")
+        self._check_tokens(tokens)
+        if self._n_past + len(tokens) > self.n_ctx:
+            raise KairoxError(f"context full: {self._n_past} + {len(tokens)} tokens "
+                              f"exceed n_ctx={self.n_ctx}")
+        lib, ctx, n_vocab = self._lib, self.ptr, self.model.n_vocab
+        rows: list[np.ndarray] = []
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            n = len(chunk)
+            self._b_token[:n] = chunk
+            self._b_pos[:n] = np.arange(self._n_past, self._n_past + n)
+            self._b_logits[:n] = 1 if all_logits else 0
+            if not all_logits and start + n == len(tokens):
+                self._b_logits[n - 1] = 1
+            self._batch.n_tokens = n
+            rc = lib.llama_decode(ctx, self._batch)
+            if rc != 0:
+                self._n_past = int(lib.llama_memory_seq_pos_max(lib.llama_get_memory(ctx), 0)) + 1
+                raise KairoxError(f"llama_decode failed (code {rc}) at position {self._n_past}")
+            self._n_past += n
+            if all_logits:
+                ptr = lib.llama_get_logits(ctx)
+                rows.append(np.ctypeslib.as_array(ptr, shape=(n, n_vocab)).copy())
+        return np.concatenate(rows) if all_logits else None
+
+    def logits(self, i: int = -1) -> np.ndarray:
+        """Copy of the logits of output i of the last decode (-1: the last one)."""
+        ptr = self._lib.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise KairoxError(f"no logits for output {i} of the last decode")
+        row: np.ndarray = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+        return row
+
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        n_vocab = self.model.n_vocab
+        bad = [t for t in tokens if not (0 <= t < n_vocab)]
+        if bad:
+            raise KairoxError(f"token id {bad[0]} out of range [0, {n_vocab})")
+
+    # -- generation ----------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], n_predict: int = 128,
+                 sampling: SamplingParams | None = None, *, reset: bool = True,
+                 add_special: bool = True) -> Iterator[str]:
+        """Stream the text of up to n_predict new tokens after `prompt`.
+
+        The prompt is text (tokenized with special tokens parsed, as llama.cpp's tools do)
+        or token ids. Pieces are whole UTF-8 characters even when a character spans tokens.
+        Generation stops early at an end-of-generation token (unless
+        sampling.ignore_eos) or when the context is full. Afterwards `last_tokens`,
+        `stop_reason` and `timings()` describe the run. Argument errors raise here, before
+        the first piece; reset=False continues after what the context already holds.
+        """
+        sampling = sampling or SamplingParams()
+        sampling.validate()
+        if not isinstance(n_predict, int) or n_predict < 0:
+            raise KairoxError(f"n_predict must be >= 0, got {n_predict!r}")
+        if isinstance(prompt, str):
+            tokens = self.model.tokenize(prompt, add_special=add_special, parse_special=True)
+        else:
+            tokens = list(prompt)
+        if not tokens:
+            raise KairoxError("empty prompt")
+        self._check_tokens(tokens)
+        start = 0 if reset else self._n_past
+        if start + len(tokens) > self.n_ctx:
+            raise KairoxError(f"prompt of {len(tokens)} tokens does not fit the context "
+                              f"(n_ctx={self.n_ctx}, {start} already used)")
+        if reset:
+            self.reset()
+        self.last_tokens = []
+        self.stop_reason = None
+        return self._generate(tokens, n_predict, sampling)
+
+    def _generate(self, tokens: list[int], n_predict: int,
+                  sampling: SamplingParams) -> Iterator[str]:
+        model = self.model
+        sampler = _make_sampler(model, sampling)
+        try:
+            self.decode(tokens)
+            utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            self.stop_reason = "length"
+            for i in range(n_predict):
+                tok = int(self._lib.llama_sampler_sample(sampler, self.ptr, -1))
+                if not sampling.ignore_eos and model.is_eog(tok):
+                    self.stop_reason = "eog"
+                    break
+                self.last_tokens.append(tok)
+                text = utf8.decode(model.token_to_piece(tok))
+                if text:
+                    yield text
+                if i + 1 == n_predict:
+                    break  # like llama-completion: the last token is not decoded
+                if self._n_past >= self.n_ctx:
+                    self.stop_reason = "context"
+                    break
+                self.decode([tok])
+            tail = utf8.decode(b"", final=True)
+            if tail:
+                yield tail
+        finally:
+            self._lib.llama_sampler_free(sampler)
+
+    def timings(self) -> Timings:
+        """Timings since the last reset (i.e. of the latest generate() by default)."""
+        d = self._lib.llama_perf_context(self.ptr)
+        return Timings(prompt_tokens=int(d.n_p_eval), prompt_ms=float(d.t_p_eval_ms),
+                       decode_tokens=int(d.n_eval), decode_ms=float(d.t_eval_ms))
+
+
+def _make_sampler(model: Model, sp: SamplingParams) -> int:
+    """A llama_sampler chain for `sp`; the caller frees it with llama_sampler_free."""
+    lib = model._lib
+    chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+    if not chain:
+        raise KairoxError("llama_sampler_chain_init failed")
+
+    def add(smpl: int | None) -> None:
+        if not smpl:
+            lib.llama_sampler_free(chain)
+            raise KairoxError("could not create a sampler")
+        lib.llama_sampler_chain_add(chain, smpl)
+
+    if sp.ignore_eos and model.eog_tokens:
+        eog = model.eog_tokens
+        biases = (_lib.llama_logit_bias * len(eog))(
+            *[_lib.llama_logit_bias(t, -math.inf) for t in eog])
+        add(lib.llama_sampler_init_logit_bias(model.n_vocab, len(eog), biases))
+    if sp.greedy:
+        add(lib.llama_sampler_init_greedy())
+    else:
+        if sp.top_k > 0:
+            add(lib.llama_sampler_init_top_k(sp.top_k))
+        if sp.top_p < 1.0:
+            add(lib.llama_sampler_init_top_p(sp.top_p, 1))
+        add(lib.llama_sampler_init_temp(sp.temperature))
+        seed = _lib.LLAMA_DEFAULT_SEED if sp.seed is None else sp.seed
+        add(lib.llama_sampler_init_dist(seed))
+    return int(chain)
