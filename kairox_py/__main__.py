@@ -1,0 +1,4 @@
+"""`python -m kairox_py` is the `kairox` command."""
+from .cli import main
+
+main()

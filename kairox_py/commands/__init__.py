@@ -1,0 +1,1 @@
+"""One module per `kairox` subcommand; registered in kairox_py.cli.COMMANDS."""

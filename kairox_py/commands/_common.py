@@ -1,0 +1,20 @@
+"""Helpers shared by subcommands: where the model comes from, where chatter goes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from ..default_model import ensure_model
+
+
+def stderr_console() -> Console:
+    """Progress, tables and notes go to stderr so stdout carries only the result."""
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def resolve_model(model: str | None, console: Console) -> Path:
+    """The MODEL argument as a path; None means the default model (fetched on first use)."""
+    if model is None:
+        return ensure_model(console=console)
+    return Path(model).expanduser()

@@ -1,0 +1,87 @@
+"""`kairox run`: generate text from a prompt, streamed, then report speed."""
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.table import Table
+
+from .. import _lib
+from ..llama import Model, SamplingParams, Session, default_threads
+from ._common import resolve_model, stderr_console
+
+CTX_ROUND = 256  # automatic context sizes are rounded up to this
+
+
+@click.command("run")
+@click.argument("model", required=False)
+@click.option("-p", "--prompt", required=True, help="Prompt text.")
+@click.option("-n", "--n-predict", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Most tokens to generate.")
+@click.option("-t", "--threads", type=click.IntRange(min=1, max=4096), default=default_threads(),
+              show_default=True, help="CPU threads.")
+@click.option("--seed", type=int, default=None, help="Sampling seed (default: random).")
+@click.option("--temp", type=float, default=0.0, show_default=True,
+              help="Temperature; 0 or less is greedy decoding.")
+@click.option("--top-k", type=int, default=40, show_default=True,
+              help="Top-k when sampling (0 = off).")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.95,
+              show_default=True, help="Top-p when sampling (1 = off).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--ctx", "n_ctx", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Context size; 0 = just enough for the prompt and -n tokens.")
+@click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Most prompt tokens per decode call.")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation.")
+@click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log on stderr.")
+def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int | None,
+        temp: float, top_k: int, top_p: float, chat: bool, n_ctx: int, batch_size: int,
+        ignore_eos: bool, verbose: bool) -> None:
+    """Generate text after PROMPT with MODEL (a GGUF file; default: SmolLM2-135M-Instruct,
+    downloaded on first use). The text streams to stdout; a speed table follows on stderr."""
+    if not prompt.strip():
+        raise click.UsageError("prompt is empty")
+    if seed is not None and seed != -1 and not 0 <= seed < _lib.LLAMA_DEFAULT_SEED:
+        raise click.BadParameter(f"must be in [0, {_lib.LLAMA_DEFAULT_SEED - 1}] or -1",
+                                 param_hint="'--seed'")
+    sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p,
+                              seed=None if seed in (None, -1) else seed, ignore_eos=ignore_eos)
+    console = stderr_console()
+    path = resolve_model(model, console)
+    if verbose:
+        _lib.set_verbose(True)
+    with Model(path) as m:
+        text = m.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+        tokens = m.tokenize(text, add_special=True, parse_special=True)
+        if n_ctx and len(tokens) >= n_ctx:
+            raise click.UsageError(f"the prompt has {len(tokens)} tokens: --ctx {n_ctx} leaves "
+                                   f"no room to generate")
+        ctx_size = n_ctx or -(-(len(tokens) + n_predict) // CTX_ROUND) * CTX_ROUND
+        with m.session(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads) as session:
+            _stream(session, tokens, n_predict, sampling)
+            console.print(_speed_table(session, len(tokens)))
+
+
+def _stream(session: Session, tokens: list[int], n_predict: int,
+            sampling: SamplingParams) -> None:
+    out = sys.stdout
+    last = ""
+    for piece in session.generate(tokens, n_predict, sampling):
+        out.write(piece)
+        out.flush()
+        last = piece
+    if not last.endswith("\n"):
+        out.write("\n")
+    out.flush()
+
+
+def _speed_table(session: Session, n_prompt: int) -> Table:
+    t = session.timings()
+    table = Table(title="kairox run", title_justify="left")
+    for col in ("prompt tokens", "prompt tok/s", "generated tokens", "decode tok/s", "stop"):
+        table.add_column(col, justify="right")
+    table.add_row(str(n_prompt), f"{t.prompt_tps:.1f}" if t.prompt_ms > 0 else "-",
+                  str(len(session.last_tokens)),
+                  f"{t.decode_tps:.1f}" if t.decode_ms > 0 else "-",
+                  session.stop_reason or "-")
+    return table
