@@ -1,0 +1,84 @@
+"""Shared fixtures: the real default model (fetched on first use) and CLI helpers.
+
+The suite runs against whatever `kairox_py` imports here: the installed package in CI
+(`pip install '.[test]' && pytest -q`), or the source tree with a developer build
+(`python -m pytest` from the repository, library from build/dev or $KAIROX_LIB).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import kairox_py
+from kairox_py import Model, ensure_default_model
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE_PARENT = Path(kairox_py.__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    """The default model's GGUF (downloaded and verified the first time)."""
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def model(model_path: Path) -> Iterator[Model]:
+    m = Model(model_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def cli_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A neutral working directory, so `-m kairox_py.cli` imports the package under test
+    (via PYTHONPATH) rather than whatever sits in the current directory."""
+    return tmp_path_factory.mktemp("cli")
+
+
+@pytest.fixture(scope="session")
+def run_cli(cli_cwd: Path):  # type: ignore[no-untyped-def]
+    """Run `kairox ARGS...` as a subprocess (`python -m kairox_py.cli`)."""
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(PACKAGE_PARENT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env.pop("KAIROX_VERBOSE", None)
+        env["COLUMNS"] = "120"
+        return subprocess.run([sys.executable, "-m", "kairox_py.cli", *args], cwd=cli_cwd,
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def bad_files(tmp_path_factory: pytest.TempPathFactory, model_path: Path) -> dict[str, Path]:
+    """Broken model files, by kind (see make_bad_files)."""
+    return make_bad_files(tmp_path_factory.mktemp("bad"), model_path)
+
+
+def make_bad_files(d: Path, model_path: Path) -> dict[str, Path]:
+    """Broken inputs: missing, not a GGUF, truncated in the header/metadata and in the
+    middle of the tensor data (cut from the real model)."""
+    data = model_path.read_bytes()
+    files = {
+        "missing": d / "no-such-model.gguf",
+        "not_gguf": d / "not-a-model.gguf",
+        "directory": d / "a-directory.gguf",
+        "empty": d / "empty.gguf",
+        "truncated_1mb": d / "truncated-1mb.gguf",
+        "truncated_tensor_data": d / "truncated-tensors.gguf",
+    }
+    files["not_gguf"].write_text("this is plain text, not a GGUF model\n")
+    files["directory"].mkdir(exist_ok=True)
+    files["empty"].write_bytes(b"")
+    files["truncated_1mb"].write_bytes(data[: 1 << 20])
+    files["truncated_tensor_data"].write_bytes(data[: int(len(data) * 0.6)])
+    return files

@@ -1,0 +1,21 @@
+"""(i) GGUF inspection of the real model, cross-checked against the library."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kairox_py import Model, inspect_gguf
+
+
+def test_inspect_default_model(model_path: Path, model: Model) -> None:
+    s = inspect_gguf(model_path)
+    assert s.architecture == "llama"
+    assert (s.n_layer, s.n_embd, s.n_ff) == (30, 576, 1536)
+    assert (s.n_head, s.n_head_kv) == (9, 3)
+    assert s.n_vocab == 49152 == model.n_vocab
+    assert s.context_length == 8192
+    assert s.file_size == model_path.stat().st_size
+    assert s.n_params == model.n_params
+    assert set(s.tensor_types) == {"Q4_1", "Q8_0", "F32"}
+    assert s.tensor_types["Q8_0"].count == 1  # tied output = token_embd
+    assert sum(t.nbytes for t in s.tensor_types.values()) == model.size
+    assert not s.has_kairox_data and s.kairox_keys == ()
