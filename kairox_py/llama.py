@@ -89,6 +89,7 @@ class Model:
             raise KairoxError(f"cannot load model {self.path}: {reason}")
         self._lib = lib
         self._ptr: int | None = ptr
+        self.vocab_only = vocab_only
         self._vocab = lib.llama_model_get_vocab(ptr)
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._finalizer = weakref.finalize(self, lib.llama_model_free, ptr)
@@ -422,6 +423,8 @@ class Session:
         if overrides:
             params = ContextParams(**{**params.__dict__, **overrides})
         params.validate()
+        if model.vocab_only:
+            raise KairoxError("a model loaded with vocab_only=True cannot run a session")
         self.model = model
         self.params = params
         lib = model._lib

@@ -70,3 +70,10 @@ def test_apply_chat_template_rejects_bad_messages(model: Model) -> None:
         model.apply_chat_template([])
     with pytest.raises(KairoxError):
         model.apply_chat_template([{"role": "user"}])
+
+
+def test_vocab_only_model_tokenizes(model_path, model: Model) -> None:  # type: ignore[no-untyped-def]
+    with Model(model_path, vocab_only=True) as vocab:
+        assert vocab.tokenize(TEXTS[3]) == model.tokenize(TEXTS[3])
+        with pytest.raises(KairoxError):
+            vocab.session()
