@@ -19,7 +19,7 @@ from .default_model import DEFAULT_MODEL, WheelModel, cache_dir
 from .default_model import ensure_model as ensure_default_model
 from .errors import KairoxError
 from .gguf_info import GGUFSummary, inspect_gguf
-from .llama import ContextParams, Model, SamplingParams, Session, Timings
+from .llama import ContextParams, LayerStats, Model, Profiler, SamplingParams, Session, Timings
 
 try:
     __version__ = importlib.metadata.version("kairox")
@@ -31,6 +31,8 @@ __all__ = [
     "ContextParams",
     "GGUFSummary",
     "KairoxError",
+    "LayerStats",
+    "Profiler",
     "Model",
     "SamplingParams",
     "Session",

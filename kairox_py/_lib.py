@@ -224,6 +224,36 @@ class llama_perf_sampler_data(Structure):
     ]
 
 
+# ---- kairox.h ----
+# enum kairox_mode
+KAIROX_MODE_AUTO, KAIROX_MODE_DENSE, KAIROX_MODE_PREDICTOR, KAIROX_MODE_THRESHOLD, KAIROX_MODE_CATS = range(5)
+KAIROX_MODES = {"auto": KAIROX_MODE_AUTO, "dense": KAIROX_MODE_DENSE, "predictor": KAIROX_MODE_PREDICTOR,
+                "threshold": KAIROX_MODE_THRESHOLD, "cats": KAIROX_MODE_CATS}
+# enum kairox_profile_kind
+KAIROX_PROFILE_FFN_INPUT, KAIROX_PROFILE_FFN_HIDDEN = 0, 1
+
+
+class kairox_params(Structure):
+    _fields_ = [
+        ("size", c_uint32),  # sizeof(struct kairox_params) as the caller compiled it
+        ("version", c_uint32),  # KAIROX_PARAMS_VERSION
+        ("mode", c_int32),  # enum kairox_mode
+        ("pred_threshold", c_float),  # predictor probability threshold; <= 0: the model's
+        ("threshold_scale", c_float),  # multiplies calibrated thresholds; <= 0: 1
+        ("max_sparse_tokens", c_uint32),  # ubatches up to this size run sparse; 0: default
+        ("stats", c_bool),  # count active neurons per layer
+    ]
+
+
+class kairox_layer_stats(Structure):
+    _fields_ = [
+        ("n_calls", c_int64),
+        ("n_pairs", c_int64),
+        ("n_active", c_int64),
+        ("n_predicted", c_int64),
+    ]
+
+
 #: Every struct mirror, by its C name: what the ABI test compares against the library.
 STRUCTS: dict[str, type[Structure]] = {
     cls.__name__: cls
@@ -238,6 +268,8 @@ STRUCTS: dict[str, type[Structure]] = {
         llama_token_data,
         llama_token_data_array,
         llama_logit_bias,
+        kairox_params,
+        kairox_layer_stats,
     )
 }
 
@@ -252,6 +284,35 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
     ("kairox_abi_sizeof", [c_char_p], c_size_t),
     # size_t kairox_abi_offsetof(const char * type_name, const char * field_name);
     ("kairox_abi_offsetof", [c_char_p, c_char_p], c_size_t),
+    # const char * kairox_format_name(const char * id);
+    ("kairox_format_name", [c_char_p], c_char_p),
+    # struct kairox_params kairox_default_params(void);
+    ("kairox_default_params", [], kairox_params),
+    # struct llama_context * kairox_init_from_model(struct llama_model * model,
+    #         struct llama_context_params cparams, const struct kairox_params * kparams);
+    ("kairox_init_from_model", [llama_model_p, llama_context_params, POINTER(kairox_params)], llama_context_p),
+    # bool kairox_model_has_sparsity(const struct llama_model * model);
+    ("kairox_model_has_sparsity", [llama_model_p], c_bool),
+    # bool kairox_model_has_predictor(const struct llama_model * model);
+    ("kairox_model_has_predictor", [llama_model_p], c_bool),
+    # bool kairox_model_has_threshold(const struct llama_model * model);
+    ("kairox_model_has_threshold", [llama_model_p], c_bool),
+    # int32_t kairox_context_mode(const struct llama_context * ctx);
+    ("kairox_context_mode", [llama_context_p], c_int32),
+    # int32_t kairox_get_layer_stats(const struct llama_context * ctx, struct kairox_layer_stats * out, int32_t n_max);
+    ("kairox_get_layer_stats", [llama_context_p, POINTER(kairox_layer_stats), c_int32], c_int32),
+    # void kairox_reset_stats(struct llama_context * ctx);
+    ("kairox_reset_stats", [llama_context_p], None),
+    # struct kairox_profiler * kairox_profiler_init(int32_t n_layer, int32_t n_embd, int32_t n_ff, int32_t max_tokens);
+    ("kairox_profiler_init", [c_int32, c_int32, c_int32, c_int32], c_void_p),
+    # void kairox_profiler_free(struct kairox_profiler * prof);
+    ("kairox_profiler_free", [c_void_p], None),
+    # int32_t kairox_profiler_n_tokens(const struct kairox_profiler * prof, int32_t kind, int32_t layer);
+    ("kairox_profiler_n_tokens", [c_void_p, c_int32, c_int32], c_int32),
+    # int64_t kairox_profiler_get(const struct kairox_profiler * prof, int32_t kind, int32_t layer, float * dst, int64_t n_max);
+    ("kairox_profiler_get", [c_void_p, c_int32, c_int32, POINTER(c_float), c_int64], c_int64),
+    # void kairox_profiler_clear(struct kairox_profiler * prof);
+    ("kairox_profiler_clear", [c_void_p], None),
     # --- backend and logging ---
     # const char * llama_version(void);
     ("llama_version", [], c_char_p),
@@ -533,6 +594,10 @@ class Library:
         """sizeof(type_name) as compiled into the library; None if it is not described."""
         n = int(self.kairox_abi_sizeof(type_name.encode()))
         return None if n == ctypes.c_size_t(-1).value else n
+
+    def profiler_eval_fn(self) -> int:
+        """Address of the C eval callback `kairox_profiler_eval` (for cparams.cb_eval)."""
+        return ctypes.cast(self.cdll.kairox_profiler_eval, c_void_p).value or 0
 
     def abi_offsetof(self, type_name: str, field: str) -> int | None:
         """offsetof(type_name, field) in the library; None if it is not described."""

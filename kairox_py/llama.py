@@ -17,7 +17,7 @@ import os
 import re
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +138,24 @@ class Model:
     @property
     def n_embd(self) -> int:
         return int(self._lib.llama_model_n_embd(self.ptr))
+
+    @functools.cached_property
+    def n_ff(self) -> int:
+        """FFN width (neurons per layer), from `<arch>.feed_forward_length`."""
+        arch = self.metadata.get("general.architecture", "")
+        v = self.metadata.get(f"{arch}.feed_forward_length")
+        if v is None or not v.strip().isdigit():
+            raise KairoxError(f"the model has no single {arch}.feed_forward_length")
+        return int(v)
+
+    @property
+    def has_sparsity(self) -> bool:
+        """Whether the GGUF carries Kairox sparsity data."""
+        return bool(self._lib.kairox_model_has_sparsity(self.ptr))
+
+    @property
+    def has_predictor(self) -> bool:
+        return bool(self._lib.kairox_model_has_predictor(self.ptr))
 
     @property
     def n_head(self) -> int:
@@ -326,12 +344,34 @@ class ContextParams:
     n_ubatch: int | None = None
     n_threads: int | None = None
     n_threads_batch: int | None = None
+    #: Kairox sparse FFN: "auto" (the model's own setting; dense for a plain GGUF), "dense",
+    #: "predictor", "threshold" or "cats"
+    mode: str = "auto"
+    #: multiplies the calibrated thresholds (sparsity sweeps)
+    threshold_scale: float = 1.0
+    #: predictor probability threshold (<= 0: the model's)
+    pred_threshold: float = 0.0
+    #: ubatches of up to this many tokens run the sparse FFN (0: library default, 16);
+    #: evaluation sets it to n_batch so that every token goes through the sparse FFN
+    max_sparse_tokens: int = 0
+    #: count active neurons per layer (Session.layer_stats)
+    stats: bool = False
+    #: record FFN inputs/hidden activations of every decode (kairox profile)
+    profiler: Profiler | None = field(default=None, compare=False)
 
     def validate(self) -> None:
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_threads", "n_threads_batch"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise KairoxError(f"{name} must be a positive integer, got {v!r}")
+        if self.mode not in _lib.KAIROX_MODES:
+            raise KairoxError(f"mode must be one of {', '.join(_lib.KAIROX_MODES)}, got {self.mode!r}")
+        if not (self.threshold_scale > 0 and math.isfinite(self.threshold_scale)):
+            raise KairoxError(f"threshold_scale must be positive, got {self.threshold_scale}")
+        if not (0 <= self.pred_threshold < 1):
+            raise KairoxError(f"pred_threshold must be in [0, 1), got {self.pred_threshold}")
+        if self.max_sparse_tokens < 0:
+            raise KairoxError("max_sparse_tokens must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -396,13 +436,93 @@ def _create_context(model: Model, params: ContextParams) -> int:
     cp.n_threads = n_threads
     cp.n_threads_batch = params.n_threads_batch or n_threads
     cp.no_perf = False  # Timings come from llama_perf_context
+    if params.profiler is not None:
+        cp.cb_eval = ctypes.cast(lib.profiler_eval_fn(), _lib.ggml_backend_sched_eval_callback)
+        cp.cb_eval_user_data = params.profiler.ptr
+    kp = lib.kairox_default_params()
+    kp.mode = _lib.KAIROX_MODES[params.mode]
+    kp.threshold_scale = params.threshold_scale
+    kp.pred_threshold = params.pred_threshold
+    kp.max_sparse_tokens = params.max_sparse_tokens
+    kp.stats = params.stats
     lib.log.take_errors()
-    ctx = lib.llama_init_from_model(model.ptr, cp)
+    ctx = lib.kairox_init_from_model(model.ptr, cp, ctypes.byref(kp))
     if not ctx:
         errors = lib.log.take_errors()
         reason = errors[0] if errors else "llama_init_from_model returned NULL"
         raise KairoxError(f"cannot create a context (n_ctx={params.n_ctx}): {reason}")
     return int(ctx)
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """Sparse FFN work of one layer since the last reset (Session.layer_stats)."""
+
+    calls: int
+    pairs: int  # (neuron, token) pairs considered
+    active: int  # pairs computed in the down projection
+    predicted: int  # pairs the predictor/CATS selected for gate/up (-1: not used)
+
+    @property
+    def active_fraction(self) -> float:
+        return self.active / self.pairs if self.pairs else float("nan")
+
+    @property
+    def predicted_fraction(self) -> float:
+        return self.predicted / self.pairs if self.pairs and self.predicted >= 0 else float("nan")
+
+
+class Profiler:
+    """C-side capture of each layer's FFN input and hidden activation during decode.
+
+    Pass it as ContextParams(profiler=...); after each Session.decode the arrays of that
+    call are read with `get()`. The capture runs in C (an eval callback in libkairox): a
+    Python callback per graph node would be far too slow.
+    """
+
+    def __init__(self, model: Model, max_tokens: int) -> None:
+        lib = model._lib
+        self._lib = lib
+        self.n_layer, self.n_embd, self.n_ff = model.n_layer, model.n_embd, model.n_ff
+        self.max_tokens = max_tokens
+        ptr = lib.kairox_profiler_init(self.n_layer, self.n_embd, self.n_ff, max_tokens)
+        if not ptr:
+            raise KairoxError("cannot create a profiler")
+        self._ptr: int | None = int(ptr)
+        self._finalizer = weakref.finalize(self, lib.kairox_profiler_free, ptr)
+
+    @property
+    def ptr(self) -> int:
+        if self._ptr is None:
+            raise KairoxError("profiler is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        self._finalizer()
+        self._ptr = None
+
+    def __enter__(self) -> Profiler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def clear(self) -> None:
+        self._lib.kairox_profiler_clear(self.ptr)
+
+    def get(self, kind: str, layer: int) -> np.ndarray | None:
+        """(n_tokens, width) float32 of the last decode: kind "input" or "hidden"."""
+        k = {"input": _lib.KAIROX_PROFILE_FFN_INPUT, "hidden": _lib.KAIROX_PROFILE_FFN_HIDDEN}[kind]
+        n_tok = int(self._lib.kairox_profiler_n_tokens(self.ptr, k, layer))
+        if n_tok < 0:
+            return None
+        width = self.n_embd if kind == "input" else self.n_ff
+        out = np.empty((n_tok, width), dtype=np.float32)
+        got = self._lib.kairox_profiler_get(self.ptr, k, layer,
+                                             out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
+        if got != out.size:
+            raise KairoxError(f"profiler returned {got} values, expected {out.size}")
+        return out
 
 
 def _free_session(lib: _lib.Library, ctx: int, batch: _lib.llama_batch) -> None:
@@ -476,6 +596,24 @@ class Session:
     def n_past(self) -> int:
         """Tokens currently in the context's memory."""
         return self._n_past
+
+    @property
+    def mode(self) -> str:
+        """The Kairox mode this context runs ("dense", "predictor", "threshold", "cats")."""
+        m = int(self._lib.kairox_context_mode(self.ptr))
+        return next(k for k, v in _lib.KAIROX_MODES.items() if v == m)
+
+    def layer_stats(self) -> list[LayerStats]:
+        """Per-layer sparse FFN work since the last reset (needs ContextParams(stats=True))."""
+        n = self.model.n_layer
+        buf = (_lib.kairox_layer_stats * n)()
+        got = int(self._lib.kairox_get_layer_stats(self.ptr, buf, n))
+        if got < 0:
+            raise KairoxError("statistics are off (ContextParams(stats=True)) or the context runs dense")
+        return [LayerStats(s.n_calls, s.n_pairs, s.n_active, s.n_predicted) for s in buf[:got]]
+
+    def reset_stats(self) -> None:
+        self._lib.kairox_reset_stats(self.ptr)
 
     def reset(self) -> None:
         """Forget everything decoded so far (KV memory and timings)."""
