@@ -33,10 +33,17 @@ CTX_ROUND = 256  # automatic context sizes are rounded up to this
 @click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True,
               help="Most prompt tokens per decode call.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation.")
+@click.option("--dense", is_flag=True, help="Run the dense FFN even on a Kairox GGUF.")
+@click.option("--mode", type=click.Choice(list(_lib.KAIROX_MODES)), default="auto", show_default=True,
+              help="Sparse FFN mode (auto: the model's own; dense for a plain GGUF).")
+@click.option("--threshold-scale", type=click.FloatRange(0.0, min_open=True), default=1.0,
+              show_default=True, help="Multiply the calibrated sparsity thresholds.")
+@click.option("--stats", is_flag=True, help="Print the active share of FFN neurons per layer.")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log on stderr.")
 def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int | None,
         temp: float, top_k: int, top_p: float, chat: bool, n_ctx: int, batch_size: int,
-        ignore_eos: bool, verbose: bool) -> None:
+        ignore_eos: bool, dense: bool, mode: str, threshold_scale: float, stats: bool,
+        verbose: bool) -> None:
     """Generate text after PROMPT with MODEL (a GGUF file; default: SmolLM2-135M-Instruct,
     downloaded on first use). The text streams to stdout; a speed table follows on stderr."""
     if not prompt.strip():
@@ -57,9 +64,16 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
             raise click.UsageError(f"the prompt has {len(tokens)} tokens: --ctx {n_ctx} leaves "
                                    f"no room to generate")
         ctx_size = n_ctx or -(-(len(tokens) + n_predict) // CTX_ROUND) * CTX_ROUND
-        with m.session(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads) as session:
+        if dense and mode not in ("auto", "dense"):
+            raise click.UsageError("--dense and --mode contradict each other")
+        mode = "dense" if dense else mode
+        stats = stats and m.has_sparsity and mode != "dense"
+        with m.session(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads, mode=mode,
+                       threshold_scale=threshold_scale, stats=stats) as session:
             _stream(session, tokens, n_predict, sampling)
             console.print(_speed_table(session, len(tokens)))
+            if stats:
+                console.print(_stats_table(session))
 
 
 def _stream(session: Session, tokens: list[int], n_predict: int,
@@ -75,9 +89,20 @@ def _stream(session: Session, tokens: list[int], n_predict: int,
     out.flush()
 
 
+def _stats_table(session: Session) -> Table:
+    """Share of FFN neurons computed per layer (decode steps and sparse batches)."""
+    table = Table(title="active FFN neurons per layer", title_justify="left")
+    for col in ("layer", "calls", "active", "predicted"):
+        table.add_column(col, justify="right")
+    for i, st in enumerate(session.layer_stats()):
+        table.add_row(str(i), str(st.calls), f"{100 * st.active_fraction:.1f}%",
+                      "-" if st.predicted < 0 else f"{100 * st.predicted_fraction:.1f}%")
+    return table
+
+
 def _speed_table(session: Session, n_prompt: int) -> Table:
     t = session.timings()
-    table = Table(title="kairox run", title_justify="left")
+    table = Table(title=f"kairox run ({session.mode})", title_justify="left")
     for col in ("prompt tokens", "prompt tok/s", "generated tokens", "decode tok/s", "stop"):
         table.add_column(col, justify="right")
     table.add_row(str(n_prompt), f"{t.prompt_tps:.1f}" if t.prompt_ms > 0 else "-",
