@@ -313,6 +313,14 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
     ("kairox_profiler_get", [c_void_p, c_int32, c_int32, POINTER(c_float), c_int64], c_int64),
     # void kairox_profiler_clear(struct kairox_profiler * prof);
     ("kairox_profiler_clear", [c_void_p], None),
+    # --- ggml quantization (kairox convert: dequantize-transpose-requantize of ffn_down) ---
+    # size_t ggml_quantize_chunk(enum ggml_type type, const float * src, void * dst, int64_t start,
+    #                            int64_t nrows, int64_t n_per_row, const float * imatrix);
+    ("ggml_quantize_chunk", [c_enum, POINTER(c_float), c_void_p, c_int64, c_int64, c_int64, POINTER(c_float)], c_size_t),
+    # bool ggml_quantize_requires_imatrix(enum ggml_type type);
+    ("ggml_quantize_requires_imatrix", [c_enum], c_bool),
+    # size_t ggml_row_size(enum ggml_type type, int64_t ne);
+    ("ggml_row_size", [c_enum, c_int64], c_size_t),
     # --- backend and logging ---
     # const char * llama_version(void);
     ("llama_version", [], c_char_p),

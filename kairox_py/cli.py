@@ -23,6 +23,9 @@ from .errors import KairoxError
 COMMANDS: list[tuple[str, str]] = [
     ("run", "run"),
     ("info", "info"),
+    ("profile", "profile"),
+    ("convert", "convert"),
+    ("eval", "eval_cmd"),
 ]
 
 

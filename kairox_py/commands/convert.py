@@ -1,0 +1,82 @@
+"""`kairox convert IN.gguf OUT.gguf`: write a Kairox GGUF (thresholds, predictors,
+co-activation grouping); see kairox_py.convert and docs/FORMAT.md."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..convert import (
+    DEFAULT_DOWN_TYPE,
+    DEFAULT_MODE,
+    DEFAULT_RECALL,
+    DEFAULT_SPARSITY,
+    ConvertOptions,
+    convert as run_convert,
+    summary_rows,
+)
+from ..corpus import load_corpus
+from ..format import MODES
+from ..grouping import DEFAULT_GROUP_SIZE
+from ..predictor import TrainConfig
+from ..profile import DEFAULT_TOKENS
+from ..quant import WRITABLE_TYPES
+from ..report import write_layer_report
+from ._common import stderr_console
+
+
+@click.command("convert")
+@click.argument("input_path", metavar="IN.gguf", type=click.Path(dir_okay=False))
+@click.argument("output_path", metavar="OUT.gguf", type=click.Path(dir_okay=False))
+@click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
+              help="Profile directory to reuse (or to create). Default: the cache.")
+@click.option("--corpus", multiple=True, type=click.Path(dir_okay=False),
+              help="Text file(s) to profile on (default: pydoc topics, profiling split).")
+@click.option("--tokens", type=click.IntRange(min=1), default=DEFAULT_TOKENS, show_default=True,
+              help="Tokens to profile.")
+@click.option("--sparsity", type=click.FloatRange(0.0, 1.0, max_open=True),
+              default=DEFAULT_SPARSITY, show_default=True,
+              help="Target share of FFN neurons skipped (threshold calibration).")
+@click.option("--recall", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+              default=DEFAULT_RECALL, show_default=True, help="Predictor recall target.")
+@click.option("--group-size", type=int, default=DEFAULT_GROUP_SIZE, show_default=True,
+              help="Neurons per co-activation group (must divide the FFN width).")
+@click.option("--down-type", type=click.Choice(WRITABLE_TYPES, case_sensitive=False),
+              default=DEFAULT_DOWN_TYPE, show_default=True, help="ggml type of ffn_down_t.")
+@click.option("--mode", type=click.Choice(MODES), default=DEFAULT_MODE, show_default=True,
+              help="The model's default sparse mode (kairox.mode).")
+@click.option("--no-predictor", is_flag=True, help="Do not train predictors.")
+@click.option("--no-reorder", is_flag=True, help="Keep the original neuron order.")
+@click.option("--epochs", type=click.IntRange(min=1), default=TrainConfig.epochs,
+              show_default=True, help="Predictor training epochs.")
+@click.option("--pred-type", type=click.Choice(["f16", "f32"]), default="f16", show_default=True,
+              help="Type of the predictor weights.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for the per-layer report (default: OUT.gguf.report).")
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads for profiling.")
+def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: tuple[str, ...],
+            tokens: int, sparsity: float, recall: float, group_size: int, down_type: str,
+            mode: str, no_predictor: bool, no_reorder: bool, epochs: int, pred_type: str,
+            report_dir: str | None, threads: int | None) -> None:
+    """Convert IN.gguf into a Kairox GGUF at OUT.gguf (written atomically)."""
+    console = stderr_console()
+    opts = ConvertOptions(sparsity=sparsity, recall=recall, group_size=group_size,
+                          down_type=down_type.lower(), mode=mode, predictor=not no_predictor,
+                          pred_type=pred_type, reorder=not no_reorder, tokens=tokens,
+                          threads=threads, train=TrainConfig(recall=recall, epochs=epochs))
+    text = load_corpus(list(corpus), "profile")
+    res = run_convert(input_path, output_path, text, opts, profile_dir=profile_dir,
+                      console=console)
+    out = Path(output_path)
+    rdir = Path(report_dir) if report_dir else out.with_name(out.name + ".report")
+    files = write_layer_report(rdir, res.predictors, res.groupings,
+                               f"{out.name}: sparsity {sparsity}, recall {recall}")
+    table = Table(title="kairox convert", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for k, v in summary_rows(res):
+        table.add_row(k, v)
+    table.add_row("report", ", ".join(str(f) for f in files))
+    console.print(table)

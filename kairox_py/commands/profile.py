@@ -1,0 +1,44 @@
+"""`kairox profile MODEL`: record FFN activations into a profile directory."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from ..corpus import load_corpus
+from ..profile import DEFAULT_CTX, DEFAULT_TOKENS, run_profile
+from ._common import resolve_model, stderr_console
+
+
+@click.command("profile")
+@click.argument("model", required=False)
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Profile directory to write (replaced if it exists).")
+@click.option("--corpus", multiple=True, type=click.Path(dir_okay=False),
+              help="Text file(s) (default: pydoc topics, profiling split).")
+@click.option("--tokens", type=click.IntRange(min=1), default=DEFAULT_TOKENS, show_default=True,
+              help="Most tokens to record (a bounded sample spread over the corpus).")
+@click.option("--ctx", type=click.IntRange(min=32), default=DEFAULT_CTX, show_default=True,
+              help="Tokens per decode chunk (a fresh context each).")
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
+@click.option("--sparsity", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.5,
+              show_default=True, help="Sparsity for the summary's thresholds.")
+def profile(model: str | None, out_dir: str, corpus: tuple[str, ...], tokens: int, ctx: int,
+            threads: int | None, sparsity: float) -> None:
+    """Run MODEL (default: the default model) on text and record per-layer FFN inputs and
+    activations (float16, memory-mapped .npy) plus meta.json in --out."""
+    console = stderr_console()
+    path = resolve_model(model, console)
+    text = load_corpus(list(corpus), "profile")
+    prof = run_profile(path, text, Path(out_dir), n_tokens=tokens, ctx=ctx, threads=threads,
+                       console=console)
+    thr = prof.thresholds(sparsity)
+    table = Table(title=f"kairox profile: {prof.dir}", title_justify="left")
+    for c in ("tokens", "layers", "n_embd", "n_ff", "activation", f"threshold@{sparsity} (min/max)",
+              "seconds"):
+        table.add_column(c, justify="right")
+    m = prof.meta
+    table.add_row(str(m.n_tokens), str(m.n_layer), str(m.n_embd), str(m.n_ff), m.activation,
+                  f"{thr.min():.4g}/{thr.max():.4g}", f"{m.seconds:.1f}")
+    console.print(table)

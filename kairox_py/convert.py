@@ -1,0 +1,429 @@
+"""`kairox convert IN.gguf OUT.gguf`: a GGUF plus Kairox sparsity data (docs/FORMAT.md).
+
+Steps: read the input (any quantization) with the ``gguf`` reader; run or reuse a profile;
+calibrate per-layer thresholds for the target sparsity (|act(gate)*up| and, for CATS,
+|act(gate)|); train adjacent predictors; group neurons by co-activation and reorder
+gate/up rows, down_t rows and predictor outputs consistently; write the new GGUF.
+
+The output is written to a temporary file in the output's directory and renamed into
+place only when complete (``os.replace``), so an error or Ctrl-C never leaves a partial
+OUT; the temporary file is removed on every failure path. ``ffn_down`` is copied
+untouched (the dense path un-permutes the hidden state with ``kx_perm_inv``), so the
+converted model run dense gives the original logits bit for bit.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from rich.console import Console
+
+from . import format as fmt
+from .corpus import Corpus
+from .errors import KairoxError
+from .grouping import DEFAULT_GROUP_SIZE, LayerGrouping, check_group_size, group_layer
+from .predictor import LayerPredictor, TrainConfig, train_layer
+from .profile import (
+    DEFAULT_CTX,
+    DEFAULT_TOKENS,
+    Profile,
+    default_profile_dir,
+    file_sha256,
+    magnitude_quantile,
+    open_or_run_profile,
+)
+from .progress import make_progress
+from .quant import check_quantizable, dequantize, ggml_type, quantize, row_nbytes
+
+DEFAULT_SPARSITY = 0.5
+DEFAULT_RECALL = 0.95
+DEFAULT_MODE = "threshold"
+DEFAULT_DOWN_TYPE = "q8_0"
+PRED_TYPES = ("f16", "f32")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    sparsity: float = DEFAULT_SPARSITY
+    recall: float = DEFAULT_RECALL
+    group_size: int = DEFAULT_GROUP_SIZE
+    down_type: str = DEFAULT_DOWN_TYPE
+    mode: str = DEFAULT_MODE
+    predictor: bool = True
+    pred_type: str = "f16"
+    reorder: bool = True
+    tokens: int = DEFAULT_TOKENS
+    ctx: int = DEFAULT_CTX
+    threads: int | None = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+@dataclass
+class ConvertResult:
+    output: Path
+    profile_dir: Path
+    profile_reused: bool
+    thresholds: np.ndarray
+    cats_thresholds: np.ndarray
+    predictors: list[LayerPredictor | None]
+    groupings: list[LayerGrouping]
+    seconds: dict[str, float]
+    input_bytes: int
+    output_bytes: int
+
+
+# ---------------------------------------------------------------------------------------
+# input checks
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InputModel:
+    reader: GGUFReader
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    tensors: dict[str, Any]
+
+
+def _field(reader: GGUFReader, key: str) -> Any:
+    f = reader.get_field(key)
+    return f.contents() if f is not None else None
+
+
+def open_input(path: Path) -> InputModel:
+    """Read and validate the input GGUF's header (no weights loaded)."""
+    if not path.is_file():
+        raise KairoxError(f"model file not found: {path}")
+    try:
+        reader = GGUFReader(path, "r")
+    except Exception as e:  # the gguf reader raises ValueError/IndexError/... on bad files
+        raise KairoxError(f"cannot read {path} as GGUF: {e}") from None
+    arch = _field(reader, "general.architecture")
+    if arch not in fmt.SUPPORTED_ARCHES:
+        raise KairoxError(f"unsupported architecture '{arch}' (supported: "
+                          f"{', '.join(sorted(fmt.SUPPORTED_ARCHES))})")
+    if _field(reader, fmt.KEY_FORMAT_VERSION) is not None:
+        raise KairoxError(f"{path} already carries Kairox data: convert the original model")
+    n_layer = _field(reader, f"{arch}.block_count")
+    n_embd = _field(reader, f"{arch}.embedding_length")
+    n_ff = _field(reader, f"{arch}.feed_forward_length")
+    if not all(isinstance(v, int) for v in (n_layer, n_embd, n_ff)):
+        raise KairoxError(f"{path}: missing or per-layer {arch} dimensions (only uniform "
+                          f"dense FFNs are supported)")
+    tensors = {t.name: t for t in reader.tensors}
+    for il in range(n_layer):
+        for kind in ("ffn_gate", "ffn_up", "ffn_down"):
+            name = f"blk.{il}.{kind}.weight"
+            if name not in tensors:
+                raise KairoxError(f"{path}: tensor {name} is missing (a gated dense FFN is "
+                                  f"needed)")
+        for kind in ("ffn_gate", "ffn_up", "ffn_down"):
+            if f"blk.{il}.{kind}.bias" in tensors:
+                raise KairoxError(f"{path}: FFN biases are not supported by the sparse path")
+    return InputModel(reader, arch, n_layer, n_embd, n_ff, tensors)
+
+
+def check_options(opts: ConvertOptions, inp: InputModel) -> None:
+    if not 0.0 <= opts.sparsity < 1.0:
+        raise KairoxError(f"--sparsity must be in [0, 1), got {opts.sparsity}")
+    if not 0.0 < opts.recall < 1.0:
+        raise KairoxError(f"--recall must be in (0, 1), got {opts.recall}")
+    if opts.mode not in fmt.MODES:
+        raise KairoxError(f"--mode must be one of {', '.join(fmt.MODES)}")
+    if opts.mode == "predictor" and not opts.predictor:
+        raise KairoxError("--mode predictor needs predictors (drop --no-predictor)")
+    if opts.pred_type not in PRED_TYPES:
+        raise KairoxError(f"predictor type must be one of {', '.join(PRED_TYPES)}")
+    check_group_size(inp.n_ff, opts.group_size)
+    check_quantizable(ggml_type(opts.down_type), inp.n_embd)
+
+
+def check_output(out: Path, inp_path: Path) -> None:
+    if not out.parent.is_dir():
+        raise KairoxError(f"output directory does not exist: {out.parent}")
+    if out.exists() and out.resolve() == inp_path.resolve():
+        raise KairoxError("the output would overwrite the input")
+    if out.is_dir():
+        raise KairoxError(f"output is a directory: {out}")
+
+
+# ---------------------------------------------------------------------------------------
+# calibration
+# ---------------------------------------------------------------------------------------
+def _act(name: str, x: np.ndarray) -> np.ndarray:
+    if name == "silu":
+        return x / (1.0 + np.exp(-x))
+    if name == "gelu":  # ggml's tanh approximation
+        return 0.5 * x * (1.0 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))
+    return np.maximum(x, 0.0)
+
+
+def cats_thresholds(inp: InputModel, prof: Profile, sparsity: float, activation: str,
+                    tick: Callable[[], None] | None = None) -> np.ndarray:
+    """Per-layer |act(gate)| thresholds. The profiler records the FFN input, so gate is
+    recomputed here as one matmul with the dequantized gate weights (no transformer
+    re-implementation: just that layer's gate projection of recorded inputs)."""
+    out = np.zeros(inp.n_layer, dtype=np.float32)
+    for il in range(inp.n_layer):
+        if activation != "relu":
+            t = inp.tensors[f"blk.{il}.ffn_gate.weight"]
+            wg = dequantize(t.data, t.tensor_type)  # (n_ff, n_embd)
+            x = np.asarray(prof.inputs[il], dtype=np.float32)
+            out[il] = magnitude_quantile(np.abs(_act(activation, x @ wg.T)), sparsity)
+        if tick:
+            tick()
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------------------
+@dataclass
+class _NewTensor:
+    name: str
+    shape: tuple[int, ...]  # numpy shape of `make()`'s result
+    dtype: Any
+    nbytes: int
+    raw_dtype: GGMLQuantizationType | None
+    make: Callable[[], np.ndarray]
+
+
+def _copy_metadata(reader: GGUFReader, writer: GGUFWriter) -> None:
+    for f in reader.fields.values():
+        if f.name == "general.architecture" or f.name.startswith("GGUF."):
+            continue
+        vtype = f.types[0]
+        sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
+
+
+def _array_tensor(name: str, arr: np.ndarray) -> _NewTensor:
+    return _NewTensor(name, arr.shape, arr.dtype, arr.nbytes, None, lambda a=arr: a)
+
+
+def _pred_tensors(il: int, p: LayerPredictor, pred_type: str) -> list[_NewTensor]:
+    wdt = np.float16 if pred_type == "f16" else np.float32
+    up = fmt.tensor_name(fmt.TENSOR_PRED_UP, il)
+    down = fmt.tensor_name(fmt.TENSOR_PRED_DOWN, il)
+    return [
+        _array_tensor(up, p.w1.astype(wdt)),
+        _array_tensor(fmt.tensor_name(fmt.TENSOR_PRED_UP, il, "bias"), p.b1.astype(np.float32)),
+        _array_tensor(down, p.w2.astype(wdt)),
+        _array_tensor(fmt.tensor_name(fmt.TENSOR_PRED_DOWN, il, "bias"), p.b2.astype(np.float32)),
+    ]
+
+
+def _down_t_tensor(inp: InputModel, il: int, perm: np.ndarray,
+                   qtype: GGMLQuantizationType) -> _NewTensor:
+    src = inp.tensors[f"blk.{il}.ffn_down.weight"]
+
+    def make() -> np.ndarray:
+        w = dequantize(src.data, src.tensor_type)  # (n_embd, n_ff): one row per output
+        return quantize(np.ascontiguousarray(w.T[perm]), qtype)  # (n_ff, n_embd) permuted
+
+    n_ff, n_embd = inp.n_ff, inp.n_embd
+    if qtype == GGMLQuantizationType.F32:
+        return _NewTensor("", (n_ff, n_embd), np.float32, n_ff * n_embd * 4, None, make)
+    if qtype == GGMLQuantizationType.F16:
+        return _NewTensor("", (n_ff, n_embd), np.float16, n_ff * n_embd * 2, None, make)
+    nb = row_nbytes(qtype, n_embd)
+    return _NewTensor("", (n_ff, nb), np.uint8, n_ff * nb, qtype, make)
+
+
+def plan_tensors(inp: InputModel, opts: ConvertOptions, groupings: list[LayerGrouping],
+                 predictors: list[LayerPredictor | None]) -> list[_NewTensor]:
+    """Every tensor of the output, in order: the input's (gate/up rows permuted), then the
+    Kairox tensors per layer."""
+    plan: list[_NewTensor] = []
+    for t in inp.reader.tensors:
+        data = t.data
+        parts = t.name.split(".")
+        if (opts.reorder and len(parts) == 4 and parts[0] == "blk"
+                and parts[2] in ("ffn_gate", "ffn_up") and parts[3] == "weight"):
+            perm = groupings[int(parts[1])].perm
+
+            def make(d: np.ndarray = data, p: np.ndarray = perm) -> np.ndarray:
+                return np.ascontiguousarray(np.asarray(d)[p])
+        else:
+            def make(d: np.ndarray = data) -> np.ndarray:
+                return np.asarray(d)
+        raw = None if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) \
+            else t.tensor_type
+        plan.append(_NewTensor(t.name, tuple(data.shape), data.dtype, int(data.nbytes), raw, make))
+    qtype = ggml_type(opts.down_type)
+    for il in range(inp.n_layer):
+        g = groupings[il]
+        dt = _down_t_tensor(inp, il, g.perm, qtype)
+        dt.name = fmt.tensor_name(fmt.TENSOR_DOWN_T, il)
+        plan.append(dt)
+        p = predictors[il]
+        if p is not None:
+            plan.extend(_pred_tensors(il, p.permuted(g.perm), opts.pred_type))
+        plan.append(_array_tensor(fmt.tensor_name(fmt.TENSOR_PERM, il, ""), g.perm.astype(np.int32)))
+        plan.append(_array_tensor(fmt.tensor_name(fmt.TENSOR_PERM_INV, il, ""),
+                                  g.perm_inv.astype(np.int32)))
+        plan.append(_array_tensor(fmt.tensor_name(fmt.TENSOR_GROUP_FREQ, il, ""),
+                                  g.group_freq.astype(np.float32)))
+    return plan
+
+
+def kairox_metadata(opts: ConvertOptions, n_layer: int, thresholds: np.ndarray,
+                    cats: np.ndarray, predictors: list[LayerPredictor | None],
+                    activation_override: str | None) -> list[tuple[str, Any, GGUFValueType,
+                                                              GGUFValueType | None]]:
+    ranks = [p.rank if p is not None else 0 for p in predictors]
+    kv: list[tuple[str, Any, GGUFValueType, GGUFValueType | None]] = [
+        (fmt.KEY_FORMAT_VERSION, fmt.FORMAT_VERSION, GGUFValueType.UINT32, None),
+        (fmt.KEY_MODE, opts.mode, GGUFValueType.STRING, None),
+        (fmt.KEY_GROUP_SIZE, opts.group_size, GGUFValueType.UINT32, None),
+        (fmt.KEY_SPARSITY, float(opts.sparsity), GGUFValueType.FLOAT32, None),
+        (fmt.KEY_THRESHOLD, [float(v) for v in thresholds], GGUFValueType.ARRAY,
+         GGUFValueType.FLOAT32),
+        (fmt.KEY_CATS_THRESHOLD, [float(v) for v in cats], GGUFValueType.ARRAY,
+         GGUFValueType.FLOAT32),
+        (fmt.KEY_PRED_RANK, ranks, GGUFValueType.ARRAY, GGUFValueType.INT32),
+        (fmt.KEY_PRED_THRESHOLD, float(opts.train.prob_threshold), GGUFValueType.FLOAT32, None),
+        (fmt.KEY_PERMUTED, bool(opts.reorder), GGUFValueType.BOOL, None),
+    ]
+    if activation_override:
+        kv.append((fmt.KEY_ACTIVATION, activation_override, GGUFValueType.STRING, None))
+    assert len(thresholds) == len(cats) == len(ranks) == n_layer
+    return kv
+
+
+def write_gguf(inp: InputModel, out: Path, kv: list[tuple[str, Any, GGUFValueType,
+                                                          GGUFValueType | None]],
+               plan: list[_NewTensor], console: Console | None) -> int:
+    """Write atomically: a temporary file beside `out`, renamed when complete."""
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        writer = GGUFWriter(tmp, inp.arch)
+        _copy_metadata(inp.reader, writer)
+        for key, val, vtype, sub in kv:
+            writer.add_key_value(key, val, vtype, sub_type=sub)
+        for t in plan:
+            writer.add_tensor_info(t.name, t.shape, np.dtype(t.dtype), t.nbytes,
+                                   raw_dtype=t.raw_dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        with make_progress(console) as bar:
+            task = bar.add_task("writing", total=len(plan))
+            for t in plan:
+                data = t.make()
+                if data.shape != t.shape or data.nbytes != t.nbytes:
+                    raise KairoxError(f"internal error: tensor {t.name} has shape {data.shape}, "
+                                      f"planned {t.shape}")
+                writer.write_tensor_data(data, tensor_endianess=inp.reader.endianess)
+                bar.advance(task)
+        writer.close()
+        size = tmp.stat().st_size
+        os.replace(tmp, out)
+        return size
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+# ---------------------------------------------------------------------------------------
+# the whole conversion
+# ---------------------------------------------------------------------------------------
+def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], corpus: Corpus,
+            opts: ConvertOptions, *, profile_dir: str | os.PathLike[str] | None = None,
+            console: Console | None = None) -> ConvertResult:
+    """Convert `in_path` into a Kairox GGUF at `out_path` (see the module docstring)."""
+    in_p, out_p = Path(in_path), Path(out_path)
+    seconds: dict[str, float] = {}
+    t0 = time.monotonic()
+    inp = open_input(in_p)
+    check_options(opts, inp)
+    check_output(out_p, in_p)
+    pdir = Path(profile_dir) if profile_dir else default_profile_dir(
+        file_sha256(in_p), corpus, opts.tokens, opts.ctx)
+    pdir.parent.mkdir(parents=True, exist_ok=True)
+    prof, reused = open_or_run_profile(in_p, corpus, pdir, n_tokens=opts.tokens, ctx=opts.ctx,
+                                       threads=opts.threads, console=console)
+    if (prof.meta.n_layer, prof.meta.n_embd, prof.meta.n_ff) != (inp.n_layer, inp.n_embd, inp.n_ff):
+        raise KairoxError(f"profile {pdir} does not match the model's dimensions")
+    seconds["profile"] = time.monotonic() - t0
+    activation = prof.meta.activation
+    n_layer = inp.n_layer
+
+    t = time.monotonic()
+    with make_progress(console) as bar:
+        task = bar.add_task("calibrating", total=2 * n_layer)
+        thr = np.zeros(n_layer, dtype=np.float32)
+        if activation != "relu":
+            for il in range(n_layer):
+                thr[il] = magnitude_quantile(prof.magnitude(il), opts.sparsity)
+                bar.advance(task)
+        else:
+            bar.advance(task, n_layer)
+        cats = cats_thresholds(inp, prof, opts.sparsity, activation, lambda: bar.advance(task))
+    seconds["calibrate"] = time.monotonic() - t
+
+    predictors: list[LayerPredictor | None] = [None] * n_layer
+    if opts.predictor:
+        t = time.monotonic()
+        with make_progress(console) as bar:
+            task = bar.add_task("training predictors", total=n_layer)
+            for il in range(n_layer):
+                predictors[il] = train_layer(prof.predictor_input(il), prof.mask(il, thr[il]),
+                                             opts.train)
+                bar.advance(task)
+        seconds["predictors"] = time.monotonic() - t
+
+    t = time.monotonic()
+    groupings: list[LayerGrouping] = []
+    with make_progress(console) as bar:
+        task = bar.add_task("grouping" if opts.reorder else "group frequencies", total=n_layer)
+        for il in range(n_layer):
+            mask = prof.mask(il, thr[il])
+            if opts.reorder:
+                groupings.append(group_layer(mask, opts.group_size))
+            else:
+                from .grouping import identity_grouping
+                groupings.append(identity_grouping(inp.n_ff, opts.group_size,
+                                                   mask.mean(axis=0)))
+            bar.advance(task)
+    seconds["grouping"] = time.monotonic() - t
+
+    t = time.monotonic()
+    kv = kairox_metadata(opts, n_layer, thr, cats, predictors, None)
+    plan = plan_tensors(inp, opts, groupings, predictors)
+    size = write_gguf(inp, out_p, kv, plan, console)
+    seconds["write"] = time.monotonic() - t
+    seconds["total"] = time.monotonic() - t0
+    return ConvertResult(out_p, pdir, reused, thr, cats, predictors, groupings, seconds,
+                         in_p.stat().st_size, size)
+
+
+def summary_rows(res: ConvertResult) -> list[tuple[str, str]]:
+    """(label, value) pairs for the summary table."""
+    preds = [p for p in res.predictors if p is not None]
+    rows = [("output", str(res.output)), ("size", f"{res.input_bytes / 1e6:.1f} MB -> "
+                                                   f"{res.output_bytes / 1e6:.1f} MB"),
+            ("profile", f"{res.profile_dir} ({'reused' if res.profile_reused else 'new'})")]
+    if preds:
+        rows += [("predictor rank (min/mean/max)",
+                  f"{min(p.rank for p in preds)}/{np.mean([p.rank for p in preds]):.0f}/"
+                  f"{max(p.rank for p in preds)}"),
+                 ("predictor recall (mean, min)",
+                  f"{np.mean([p.recall for p in preds]):.3f}, {min(p.recall for p in preds):.3f}"),
+                 ("predictor precision (mean)", f"{np.mean([p.precision for p in preds]):.3f}"),
+                 ("predicted density (mean)", f"{np.mean([p.density for p in preds]):.3f}")]
+    g = res.groupings
+    if g and not math.isnan(g[0].intra):
+        rows.append(("intra-group co-activation: METIS / random / frequency",
+                     f"{np.mean([x.intra for x in g]):.4f} / "
+                     f"{np.mean([x.intra_random for x in g]):.4f} / "
+                     f"{np.mean([x.intra_freq for x in g]):.4f}"))
+    rows.append(("time", ", ".join(f"{k} {v:.1f}s" for k, v in res.seconds.items())))
+    return rows

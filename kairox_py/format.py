@@ -1,0 +1,78 @@
+"""Names of the Kairox GGUF format (keys `kairox.*`, per-layer tensors) and small helpers.
+
+Why a mirror: the C++ loader reads these names from ``kairox.h``; the converter writes
+them from here. ``docs/FORMAT.md`` documents the format in one place, and
+``tests/test_format.py`` checks every name below against the library's
+``kairox_format_name(id)`` so the two sides cannot drift apart silently.
+"""
+from __future__ import annotations
+
+FORMAT_VERSION = 1
+
+KEY_FORMAT_VERSION = "kairox.format_version"   # u32
+KEY_MODE = "kairox.mode"                       # str: predictor | threshold | cats
+KEY_ACTIVATION = "kairox.activation"           # str (optional): relu | silu | gelu override
+KEY_GROUP_SIZE = "kairox.group_size"           # u32
+KEY_SPARSITY = "kairox.sparsity"               # f32: target share of neurons skipped
+KEY_THRESHOLD = "kairox.threshold"             # f32[n_layer]: |act(gate)*up| thresholds
+KEY_CATS_THRESHOLD = "kairox.cats_threshold"   # f32[n_layer]: |act(gate)| thresholds
+KEY_PRED_RANK = "kairox.predictor.rank"        # i32[n_layer]: 0 = no predictor
+KEY_PRED_THRESHOLD = "kairox.predictor.threshold"  # f32: probability threshold
+KEY_PERMUTED = "kairox.permuted"               # bool
+
+TENSOR_DOWN_T = "blk.%d.ffn_down_t"            # numpy (n_ff, n_embd)
+TENSOR_PRED_UP = "blk.%d.kx_pred_up"           # numpy (rank, n_embd) + .bias (rank,)
+TENSOR_PRED_DOWN = "blk.%d.kx_pred_down"       # numpy (n_ff, rank) + .bias (n_ff,)
+TENSOR_PERM = "blk.%d.kx_perm"                 # i32 (n_ff,): original index of stored neuron
+TENSOR_PERM_INV = "blk.%d.kx_perm_inv"         # i32 (n_ff,): stored index of original neuron
+TENSOR_GROUP_FREQ = "blk.%d.kx_group_freq"     # f32 (n_ff / group_size,)
+
+#: every name by the id the C library knows it under (macro name without ``KAIROX_``)
+NAMES: dict[str, str] = {
+    "KEY_FORMAT_VERSION": KEY_FORMAT_VERSION,
+    "KEY_MODE": KEY_MODE,
+    "KEY_ACTIVATION": KEY_ACTIVATION,
+    "KEY_GROUP_SIZE": KEY_GROUP_SIZE,
+    "KEY_SPARSITY": KEY_SPARSITY,
+    "KEY_THRESHOLD": KEY_THRESHOLD,
+    "KEY_CATS_THRESHOLD": KEY_CATS_THRESHOLD,
+    "KEY_PRED_RANK": KEY_PRED_RANK,
+    "KEY_PRED_THRESHOLD": KEY_PRED_THRESHOLD,
+    "KEY_PERMUTED": KEY_PERMUTED,
+    "TENSOR_DOWN_T": TENSOR_DOWN_T,
+    "TENSOR_PRED_UP": TENSOR_PRED_UP,
+    "TENSOR_PRED_DOWN": TENSOR_PRED_DOWN,
+    "TENSOR_PERM": TENSOR_PERM,
+    "TENSOR_PERM_INV": TENSOR_PERM_INV,
+    "TENSOR_GROUP_FREQ": TENSOR_GROUP_FREQ,
+}
+
+MODES = ("predictor", "threshold", "cats")
+
+#: Architectures the converter accepts, mapped to their FFN activation: dense per-layer
+#: FFNs with separate gate/up/down tensors and no biases, built by llama.cpp's build_ffn
+#: with a parallel gate (the only shape the sparse path runs). Others are refused with a
+#: clear error rather than converted into a model the runtime would silently run dense.
+SUPPORTED_ARCHES: dict[str, str] = {
+    "llama": "silu",
+    "qwen2": "silu",
+    "qwen3": "silu",
+    "gemma": "gelu",
+    "gemma2": "gelu",
+}
+
+
+def tensor_name(pattern: str, layer: int, suffix: str = "weight") -> str:
+    """The GGUF name of a per-layer tensor: pattern % layer, plus ``.suffix`` if given.
+
+    kx_perm, kx_perm_inv and kx_group_freq carry no suffix (suffix="")."""
+    base = pattern % layer
+    return f"{base}.{suffix}" if suffix else base
+
+
+def activation_kind(arch: str, override: str | None = None) -> str:
+    """"relu" when a neuron is active iff its activation is > 0, else "silu"/"gelu"
+    (magnitude thresholds calibrated to a target sparsity)."""
+    if override:
+        return override
+    return SUPPORTED_ARCHES.get(arch, "silu")

@@ -1,0 +1,279 @@
+"""`kairox profile`: record per-layer FFN activations of the real model on text.
+
+The model runs through libkairox in dense mode with the C profiler (an eval callback in
+the library captures each layer's FFN input after its norm, ``ffn_norm-l``, and the hidden
+activation act(gate)*up); nothing of the transformer is re-implemented here.
+
+A profile directory holds
+
+* ``meta.json``: model path/sha256, architecture, activation kind, dims, tokens, corpus;
+* ``inputs.npy``: float16 (n_layer, n_tokens, n_embd), the FFN inputs (predictor inputs:
+  layer l's predictor reads row l-1);
+* ``hidden.npy``: float16 (n_layer, n_tokens, n_ff), act(gate)*up.
+
+Both are plain .npy files opened memory-mapped, so a 7B profile does not have to fit in
+RAM. Masks, thresholds, frequencies and co-activation are *derived* on demand from the
+hidden sample and a threshold (never stored): the same profile then serves every
+sparsity setting, and there is one source of truth.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from .corpus import Corpus
+from .errors import KairoxError
+from .format import SUPPORTED_ARCHES, activation_kind
+from .llama import ContextParams, Model, Profiler
+from .progress import make_progress
+
+PROFILE_VERSION = 1
+DEFAULT_TOKENS = 8192
+DEFAULT_CTX = 512
+MIN_CHUNK = 16  # shorter tail chunks carry too little context to be representative
+F16_MAX = 65504.0
+
+
+def file_sha256(path: Path, bufsize: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ProfileMeta:
+    version: int
+    model_path: str
+    model_sha256: str
+    arch: str
+    activation: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_tokens: int
+    ctx: int
+    corpus: str
+    corpus_sha256: str
+    seconds: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProfileMeta:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+class Profile:
+    """An opened profile directory (arrays memory-mapped read-only)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        meta_path = self.dir / "meta.json"
+        if not meta_path.is_file():
+            raise KairoxError(f"not a profile directory (no meta.json): {self.dir}")
+        try:
+            self.meta = ProfileMeta.from_dict(json.loads(meta_path.read_text()))
+        except (ValueError, KeyError, TypeError) as e:
+            raise KairoxError(f"bad profile metadata in {meta_path}: {e}") from None
+        if self.meta.version != PROFILE_VERSION:
+            raise KairoxError(f"profile {self.dir} has version {self.meta.version}, "
+                              f"expected {PROFILE_VERSION}: profile again")
+        try:
+            self.inputs = np.load(self.dir / "inputs.npy", mmap_mode="r")
+            self.hidden = np.load(self.dir / "hidden.npy", mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise KairoxError(f"cannot read profile arrays in {self.dir}: {e}") from None
+        m = self.meta
+        if (self.inputs.shape != (m.n_layer, m.n_tokens, m.n_embd)
+                or self.hidden.shape != (m.n_layer, m.n_tokens, m.n_ff)):
+            raise KairoxError(f"profile arrays in {self.dir} do not match meta.json")
+
+    @property
+    def n_layer(self) -> int:
+        return self.meta.n_layer
+
+    @property
+    def n_tokens(self) -> int:
+        return self.meta.n_tokens
+
+    def predictor_input(self, layer: int) -> np.ndarray:
+        """(n_tokens, n_embd) input of layer `layer`'s predictor: the previous layer's FFN
+        input (adjacent prediction); layer 0 reads its own."""
+        return self.inputs[max(layer - 1, 0)]
+
+    def magnitude(self, layer: int) -> np.ndarray:
+        """|act(gate)*up| of a layer as float32 (n_tokens, n_ff)."""
+        return np.abs(np.asarray(self.hidden[layer], dtype=np.float32))
+
+    def thresholds(self, sparsity: float) -> np.ndarray:
+        """Per-layer |act(gate)*up| thresholds that zero `sparsity` of the (token, neuron)
+        pairs of the sample (TEAL/CATS-style magnitude calibration, same share per layer).
+        ReLU models: 0 (a neuron is active iff its activation is > 0)."""
+        if not 0.0 <= sparsity < 1.0:
+            raise KairoxError(f"sparsity must be in [0, 1), got {sparsity}")
+        out = np.zeros(self.n_layer, dtype=np.float32)
+        if self.meta.activation == "relu":
+            return out
+        for layer in range(self.n_layer):
+            out[layer] = magnitude_quantile(self.magnitude(layer), sparsity)
+        return out
+
+    def mask(self, layer: int, threshold: float) -> np.ndarray:
+        """Boolean (n_tokens, n_ff): neuron active for that token."""
+        return self.magnitude(layer) > threshold
+
+
+def magnitude_quantile(mag: np.ndarray, q: float) -> float:
+    """The value below which a share q of `mag` lies (0 for q == 0)."""
+    flat = mag.reshape(-1)
+    if q <= 0 or flat.size == 0:
+        return 0.0
+    k = min(int(q * flat.size), flat.size - 1)
+    return float(np.partition(flat, k)[k])
+
+
+def check_model_supported(model: Model) -> str:
+    """The architecture name; KairoxError if the converter/profiler does not support it."""
+    arch = model.metadata.get("general.architecture", "")
+    if arch not in SUPPORTED_ARCHES:
+        raise KairoxError(f"unsupported architecture '{arch}' (supported: "
+                          f"{', '.join(sorted(SUPPORTED_ARCHES))})")
+    return arch
+
+
+def tokenize_chunks(model: Model, text: str, ctx: int) -> list[list[int]]:
+    """Split the corpus into decode chunks of at most `ctx` tokens, each starting with BOS
+    when the model wants one (so every chunk looks like the start of a document)."""
+    if not text.strip():
+        raise KairoxError("the corpus is empty")
+    toks = model.tokenize(text, add_special=False)
+    bos = [model.bos] if model.add_bos and model.bos >= 0 else []
+    body = ctx - len(bos)
+    chunks = [bos + toks[i:i + body] for i in range(0, len(toks), body)]
+    chunks = [c for c in chunks if len(c) - len(bos) >= MIN_CHUNK]
+    if not chunks:
+        raise KairoxError(f"the corpus has only {len(toks)} tokens: too little text")
+    return chunks
+
+
+def pick_chunks(chunks: list[list[int]], n_tokens: int) -> list[list[int]]:
+    """Chunks evenly spread over the corpus whose total reaches about n_tokens (all of
+    them if the corpus is smaller): a bounded sample that still covers every part."""
+    total = sum(len(c) for c in chunks)
+    if total <= n_tokens:
+        return chunks
+    avg = total / len(chunks)
+    k = max(1, min(len(chunks), int(np.ceil(n_tokens / avg))))
+    idx = np.unique(np.linspace(0, len(chunks) - 1, k).round().astype(int))
+    return [chunks[i] for i in idx]
+
+
+def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str | os.PathLike[str],
+                *, n_tokens: int = DEFAULT_TOKENS, ctx: int = DEFAULT_CTX,
+                threads: int | None = None, console: Console | None = None) -> Profile:
+    """Profile the model on `corpus` into out_dir (written to a temporary sibling and
+    renamed at the end, so an interrupted run never leaves a half profile)."""
+    if n_tokens < 1:
+        raise KairoxError("--tokens must be at least 1")
+    out = Path(out_dir)
+    if not out.parent.is_dir():
+        raise KairoxError(f"directory does not exist: {out.parent}")
+    t0 = time.monotonic()
+    model_path = Path(model_path)
+    with Model(model_path) as model:
+        arch = check_model_supported(model)
+        n_layer, n_embd, n_ff = model.n_layer, model.n_embd, model.n_ff
+        chunks = pick_chunks(tokenize_chunks(model, corpus.text, ctx), n_tokens)
+        total = min(n_tokens, sum(len(c) for c in chunks))
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            inputs = np.lib.format.open_memmap(tmp / "inputs.npy", mode="w+", dtype=np.float16,
+                                               shape=(n_layer, total, n_embd))
+            hidden = np.lib.format.open_memmap(tmp / "hidden.npy", mode="w+", dtype=np.float16,
+                                               shape=(n_layer, total, n_ff))
+            _capture(model, chunks, inputs, hidden, total, ctx, threads, console)
+            inputs.flush()
+            hidden.flush()
+            del inputs, hidden
+            meta = ProfileMeta(
+                version=PROFILE_VERSION, model_path=str(model_path.resolve()),
+                model_sha256=file_sha256(model_path), arch=arch,
+                activation=activation_kind(arch, model.metadata.get("kairox.activation")),
+                n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_tokens=total, ctx=ctx,
+                corpus=corpus.description,
+                corpus_sha256=hashlib.sha256(corpus.text.encode()).hexdigest(),
+                seconds=round(time.monotonic() - t0, 2))
+            (tmp / "meta.json").write_text(meta.to_json())
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return Profile(out)
+
+
+def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: np.ndarray,
+             total: int, ctx: int, threads: int | None, console: Console | None) -> None:
+    n_layer = model.n_layer
+    with Profiler(model, ctx) as prof, \
+            model.session(ContextParams(n_ctx=ctx, n_batch=ctx, mode="dense", profiler=prof,
+                                        n_threads=threads)) as s, \
+            make_progress(console) as bar:
+        task = bar.add_task("profiling", total=total)
+        pos = 0
+        for chunk in chunks:
+            take = min(len(chunk), total - pos)
+            if take <= 0:
+                break
+            s.reset()
+            prof.clear()
+            s.decode(chunk, all_logits=True)  # all outputs: the last layer keeps every token
+            for layer in range(n_layer):
+                x = prof.get("input", layer)
+                h = prof.get("hidden", layer)
+                if x is None or h is None or len(x) < take or len(h) < take:
+                    raise KairoxError(f"the profiler recorded nothing for layer {layer}: this "
+                                      f"architecture's FFN is not visible to it")
+                inputs[layer, pos:pos + take] = np.clip(x[:take], -F16_MAX, F16_MAX)
+                hidden[layer, pos:pos + take] = np.clip(h[:take], -F16_MAX, F16_MAX)
+            pos += take
+            bar.update(task, completed=pos)
+
+
+def default_profile_dir(model_sha256: str, corpus: Corpus, n_tokens: int, ctx: int) -> Path:
+    """Where `kairox convert` keeps a profile it made itself: the cache, keyed by model,
+    corpus and sample size, so converting again at other settings reuses it."""
+    from .default_model import cache_dir
+
+    corpus_sha = hashlib.sha256(corpus.text.encode()).hexdigest()
+    return cache_dir() / "profiles" / f"{model_sha256[:16]}-{corpus_sha[:8]}-{n_tokens}-{ctx}"
+
+
+def open_or_run_profile(model_path: Path, corpus: Corpus, directory: Path, *, n_tokens: int,
+                        ctx: int = DEFAULT_CTX, threads: int | None = None,
+                        console: Console | None = None) -> tuple[Profile, bool]:
+    """The profile in `directory` if there is one (it must come from this model file),
+    else a new one profiled into it. Returns (profile, reused)."""
+    if directory.exists():
+        prof = Profile(directory)
+        if prof.meta.model_sha256 != file_sha256(model_path):
+            raise KairoxError(f"profile {directory} was made from another model "
+                              f"({prof.meta.model_path}); profile this one into another directory")
+        return prof, True
+    return run_profile(model_path, corpus, directory, n_tokens=n_tokens, ctx=ctx,
+                       threads=threads, console=console), False

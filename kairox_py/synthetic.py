@@ -1,0 +1,238 @@
+"""Synthetic llama models with real shapes and random weights, for speed measurements only.
+
+The default model is small (135M) and its tied 49k-token output layer weighs more than half
+as much as all its FFNs, so it says little about speed at the sizes the papers use. A
+synthetic model with LLaMA-2-7B shapes (hidden 4096, FFN 11008, 32 layers, Q4_0) can be
+written on any machine in a minute: its weights are random quantized blocks (no
+quantization pass), and its Kairox data selects a chosen share of the FFN neurons, either
+as a fixed mask ("masks given": a rank-1 all-zero predictor whose bias alone decides) or
+through a real low-rank predictor of a chosen rank and type. The share is chosen at run time
+with the predictor threshold (:func:`pred_threshold_for`), so one file serves every density.
+Its text output is meaningless: speed only.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFWriter
+
+from . import format as fmt
+from .errors import KairoxError
+
+#: block layouts of the types written here: (elements per block, bytes per block)
+_BLOCKS = {QT.Q4_0: (32, 18), QT.Q8_0: (32, 34), QT.F16: (1, 2), QT.F32: (1, 4)}
+_TYPES = {"q4_0": QT.Q4_0, "q8_0": QT.Q8_0, "f16": QT.F16, "f32": QT.F32}
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """Dimensions of a llama-architecture model (defaults: LLaMA-2-7B)."""
+
+    n_embd: int = 4096
+    n_ff: int = 11008
+    n_layer: int = 32
+    n_head: int = 32
+    n_head_kv: int = 32
+    n_vocab: int = 32000
+    n_ctx: int = 4096
+
+
+SHAPES = {
+    "7b": LlamaShape(),
+    "1b": LlamaShape(n_embd=2048, n_ff=5632, n_layer=22, n_head=32, n_head_kv=4),
+    "tiny": LlamaShape(n_embd=256, n_ff=768, n_layer=4, n_head=4, n_head_kv=4, n_vocab=512, n_ctx=512),
+}
+
+
+@dataclass(frozen=True)
+class SparseSpec:
+    """Kairox data of a synthetic model.
+
+    pred_rank 0: masks given: each neuron's logit is a fixed bias logit(u), u uniform in
+    (0, 1), so that threshold p selects a fixed random share 1 - p of the neurons with no
+    predictor work; pred_rank > 0: a random predictor of that rank and type runs in the
+    graph, its logits ~ N(0, 1) per token, so threshold p selects about 1 - Phi(logit(p)).
+    """
+
+    pred_rank: int = 0
+    pred_type: str = "q4_0"
+
+    def __post_init__(self) -> None:
+        if self.pred_rank < 0:
+            raise KairoxError("pred_rank must be >= 0")
+        if self.pred_type not in _TYPES:
+            raise KairoxError(f"pred_type must be one of {', '.join(_TYPES)}")
+
+
+def pred_threshold_for(density: float, spec: SparseSpec) -> float:
+    """The predictor probability threshold that makes about `density` of the neurons fire."""
+    if not 0.0 < density < 1.0:
+        raise KairoxError(f"density must be in (0, 1), got {density}")
+    if spec.pred_rank == 0:
+        return 1.0 - density
+    z = _normal_ppf(1.0 - density)
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+def _random_matrix(rng: np.random.Generator, rows: int, cols: int, qtype: QT, std: float) -> np.ndarray:
+    """A (rows, bytes per row) uint8 array of random blocks of qtype with about this std."""
+    per, nbytes = _BLOCKS[qtype]
+    if cols % per:
+        raise KairoxError(f"{cols} columns do not fit {qtype.name} blocks of {per}")
+    if qtype in (QT.F16, QT.F32):
+        dt = np.float16 if qtype == QT.F16 else np.float32
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(dt).view(np.uint8)
+    nb = cols // per
+    out = rng.integers(0, 256, size=(rows, nb, nbytes), dtype=np.uint8)
+    # the scale: uniform 4-bit codes have std ~4.61 around their offset of 8; int8 codes ~73.6
+    scale = std / (4.61 if qtype == QT.Q4_0 else 73.6)
+    d = np.full((rows, nb), scale, dtype=np.float16)
+    out[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
+    return out.reshape(rows, nb * nbytes)
+
+
+def _zeros(rows: int, cols: int, qtype: QT) -> np.ndarray:
+    per, nbytes = _BLOCKS[qtype]
+    return np.zeros((rows, cols // per * nbytes), dtype=np.uint8)
+
+
+def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    """A SentencePiece-style vocabulary: specials, 256 byte tokens, then filler words."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    tokens += [f"\u2581w{i}" for i in range(n_vocab - len(tokens))]
+    types += [1] * (n_vocab - len(types))
+    scores = [0.0] * 3 + [0.0] * 256 + [-float(i) for i in range(n_vocab - 259)]
+    return tokens, scores, types
+
+
+def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = LlamaShape(),
+                          wtype: str = "q4_0", sparse: SparseSpec | None = None,
+                          seed: int = 0) -> Path:
+    """Write a random-weight llama GGUF (with Kairox data when `sparse` is given), atomically."""
+    if wtype not in ("q4_0", "q8_0", "f16"):
+        raise KairoxError("synthetic weights must be q4_0, q8_0 or f16")
+    qt = _TYPES[wtype]
+    if shape.n_vocab < 300:
+        raise KairoxError("the vocabulary needs at least 300 tokens")
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise KairoxError(f"output directory does not exist: {out.parent}")
+    rng = np.random.default_rng(seed)
+    e, f, L = shape.n_embd, shape.n_ff, shape.n_layer
+    head_dim = e // shape.n_head
+    kv = head_dim * shape.n_head_kv
+
+    # (name, rows, cols, type, maker) in file order; makers run while writing, one at a time
+    tensors: list[tuple[str, int, int, QT, object]] = []
+
+    def mat(name: str, rows: int, cols: int, t: QT, std: float) -> None:
+        tensors.append((name, rows, cols, t, lambda: _random_matrix(rng, rows, cols, t, std)))
+
+    def ones(name: str, n: int) -> None:
+        tensors.append((name, 1, n, QT.F32, lambda: np.ones((1, n), np.float32).view(np.uint8)))
+
+    def const(name: str, arr: np.ndarray, t: QT) -> None:
+        tensors.append((name, arr.shape[0] if arr.ndim == 2 else 1, arr.shape[-1], t,
+                        lambda: np.atleast_2d(arr).view(np.uint8)))
+
+    mat("token_embd.weight", shape.n_vocab, e, qt, 1.0)
+    ones("output_norm.weight", e)
+    mat("output.weight", shape.n_vocab, e, qt, 1.0 / math.sqrt(e))
+    pred_qt = _TYPES[sparse.pred_type] if sparse else qt
+    for i in range(L):
+        p = f"blk.{i}."
+        ones(p + "attn_norm.weight", e)
+        mat(p + "attn_q.weight", e, e, qt, 1.0 / math.sqrt(e))
+        mat(p + "attn_k.weight", kv, e, qt, 1.0 / math.sqrt(e))
+        mat(p + "attn_v.weight", kv, e, qt, 1.0 / math.sqrt(e))
+        mat(p + "attn_output.weight", e, e, qt, 0.5 / math.sqrt(e))
+        ones(p + "ffn_norm.weight", e)
+        mat(p + "ffn_gate.weight", f, e, qt, 1.0 / math.sqrt(e))
+        mat(p + "ffn_up.weight", f, e, qt, 1.0 / math.sqrt(e))
+        mat(p + "ffn_down.weight", e, f, qt, 0.5 / math.sqrt(f))
+        if sparse is None:
+            continue
+        down_t, pred_up, pred_down = (fmt.TENSOR_DOWN_T % i, fmt.TENSOR_PRED_UP % i, fmt.TENSOR_PRED_DOWN % i)
+        mat(down_t + ".weight", f, e, qt, 0.5 / math.sqrt(f))
+        if sparse.pred_rank == 0:
+            # masks given: logit = bias = logit(u), u uniform: threshold p keeps a share 1 - p
+            u = (rng.permutation(f).astype(np.float64) + 0.5) / f
+            bias = np.log(u / (1.0 - u)).astype(np.float32)
+            tensors.append((pred_up + ".weight", 1, e, QT.F32, lambda: _zeros(1, e, QT.F32)))
+            tensors.append((pred_down + ".weight", f, 1, QT.F32, lambda: _zeros(f, 1, QT.F32)))
+            const(pred_down + ".bias", bias, QT.F32)
+        else:
+            # z = W2 relu(W1 x) ~ N(0, 1) for unit-RMS x; the bias puts the wanted share above 0
+            r = sparse.pred_rank
+            mat(pred_up + ".weight", r, e, pred_qt, 1.0 / math.sqrt(e))
+            mat(pred_down + ".weight", f, r, pred_qt, math.sqrt(2.0 / r))
+            const(pred_down + ".bias", np.zeros(f, np.float32), QT.F32)
+
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        w = GGUFWriter(tmp, "llama")
+        w.add_name(f"kairox-synthetic-{wtype}")
+        w.add_context_length(shape.n_ctx)
+        w.add_embedding_length(e)
+        w.add_block_count(L)
+        w.add_feed_forward_length(f)
+        w.add_head_count(shape.n_head)
+        w.add_head_count_kv(shape.n_head_kv)
+        w.add_rope_dimension_count(head_dim)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_file_type({"q4_0": 2, "q8_0": 7, "f16": 1}[wtype])
+        w.add_vocab_size(shape.n_vocab)
+        tokens, scores, types = _vocab(shape.n_vocab)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        if sparse is not None:
+            w.add_uint32(fmt.KEY_FORMAT_VERSION, fmt.FORMAT_VERSION)
+            w.add_string(fmt.KEY_MODE, "predictor")
+            w.add_array(fmt.KEY_PRED_RANK, [max(1, sparse.pred_rank)] * L)
+            w.add_float32(fmt.KEY_PRED_THRESHOLD, 0.5)
+            w.add_string("general.description", "synthetic, predictor "
+                         f"{'rank %d %s' % (sparse.pred_rank, sparse.pred_type) if sparse.pred_rank else 'none (masks given)'}")
+        for name, rows, cols, t, _ in tensors:
+            per, nbytes = _BLOCKS[t]
+            w.add_tensor_info(name, (rows, cols // per * nbytes), np.dtype(np.uint8),
+                              rows * cols // per * nbytes, raw_dtype=t)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for _, _, _, _, make in tensors:
+            w.write_tensor_data(make())  # type: ignore[operator]
+        w.close()
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _normal_ppf(p: float) -> float:
+    """Inverse standard normal CDF (bias that makes a N(0,1) logit exceed 0 with probability p)."""
+    if p <= 0.0:
+        return -30.0
+    if p >= 1.0:
+        return 30.0
+    # bisection on the CDF: exact enough, and no scipy dependency
+    lo, hi = -40.0, 40.0
+    x = 0.0
+    for _ in range(100):
+        x = 0.5 * (lo + hi)
+        if 0.5 * math.erfc(-x / math.sqrt(2.0)) < p:
+            lo = x
+        else:
+            hi = x
+    return x
