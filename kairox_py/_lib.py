@@ -254,6 +254,15 @@ class kairox_layer_stats(Structure):
     ]
 
 
+class kairox_op_time(Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * 48),  # node name without the layer suffix
+        ("op", ctypes.c_char * 24),  # ggml op (or unary op) name
+        ("count", c_int64),  # nodes timed
+        ("total_us", c_double),  # summed wall time
+    ]
+
+
 #: Every struct mirror, by its C name: what the ABI test compares against the library.
 STRUCTS: dict[str, type[Structure]] = {
     cls.__name__: cls
@@ -270,6 +279,7 @@ STRUCTS: dict[str, type[Structure]] = {
         llama_logit_bias,
         kairox_params,
         kairox_layer_stats,
+        kairox_op_time,
     )
 }
 
@@ -303,6 +313,12 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
     ("kairox_get_layer_stats", [llama_context_p, POINTER(kairox_layer_stats), c_int32], c_int32),
     # void kairox_reset_stats(struct llama_context * ctx);
     ("kairox_reset_stats", [llama_context_p], None),
+    # bool kairox_set_op_timing(struct llama_context * ctx, bool enable);
+    ("kairox_set_op_timing", [llama_context_p, c_bool], c_bool),
+    # int32_t kairox_get_op_times(const struct llama_context * ctx, struct kairox_op_time * out, int32_t n_max);
+    ("kairox_get_op_times", [llama_context_p, POINTER(kairox_op_time), c_int32], c_int32),
+    # void kairox_reset_op_times(struct llama_context * ctx);
+    ("kairox_reset_op_times", [llama_context_p], None),
     # struct kairox_profiler * kairox_profiler_init(int32_t n_layer, int32_t n_embd, int32_t n_ff, int32_t max_tokens);
     ("kairox_profiler_init", [c_int32, c_int32, c_int32, c_int32], c_void_p),
     # void kairox_profiler_free(struct kairox_profiler * prof);

@@ -615,6 +615,21 @@ class Session:
     def reset_stats(self) -> None:
         self._lib.kairox_reset_stats(self.ptr)
 
+    def set_op_timing(self, enable: bool = True) -> None:
+        """Time every graph node of the CPU backend (for `op_times`); costs a clock read per node."""
+        if not self._lib.kairox_set_op_timing(self.ptr, enable):
+            raise KairoxError("op timing needs the CPU backend")
+
+    def op_times(self) -> list[tuple[str, str, int, float]]:
+        """(node name without layer suffix, op, count, total microseconds) since the last reset."""
+        n = int(self._lib.kairox_get_op_times(self.ptr, None, 0))
+        buf = (_lib.kairox_op_time * max(n, 1))()
+        n = int(self._lib.kairox_get_op_times(self.ptr, buf, n))
+        return [(e.name.decode(), e.op.decode(), int(e.count), float(e.total_us)) for e in buf[:n]]
+
+    def reset_op_times(self) -> None:
+        self._lib.kairox_reset_op_times(self.ptr)
+
     def reset(self) -> None:
         """Forget everything decoded so far (KV memory and timings)."""
         lib = self._lib
