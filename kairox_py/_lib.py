@@ -435,6 +435,8 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
     ("llama_get_memory", [llama_context_p], llama_memory_t),
     # void llama_memory_clear(llama_memory_t mem, bool data);
     ("llama_memory_clear", [llama_memory_t, c_bool], None),
+    # bool llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
+    ("llama_memory_seq_rm", [llama_memory_t, llama_seq_id, llama_pos, llama_pos], c_bool),
     # llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id);
     ("llama_memory_seq_pos_max", [llama_memory_t, llama_seq_id], llama_pos),
     # --- decoding ---

@@ -26,6 +26,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("profile", "profile"),
     ("convert", "convert"),
     ("eval", "eval_cmd"),
+    ("bench", "bench"),
 ]
 
 

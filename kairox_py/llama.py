@@ -673,6 +673,15 @@ class Session:
                 rows.append(np.ctypeslib.as_array(ptr, shape=(n, n_vocab)).copy())
         return np.concatenate(rows) if all_logits else None
 
+    def rewind(self, n_past: int) -> None:
+        """Forget every token at position >= n_past (speculative decoding drops rejected drafts)."""
+        if not 0 <= n_past <= self._n_past:
+            raise KairoxError(f"cannot rewind to {n_past} (context holds {self._n_past} tokens)")
+        lib = self._lib
+        if not lib.llama_memory_seq_rm(lib.llama_get_memory(self.ptr), 0, n_past, -1):
+            raise KairoxError("this model's memory cannot drop tokens")
+        self._n_past = n_past
+
     def logits(self, i: int = -1) -> np.ndarray:
         """Copy of the logits of output i of the last decode (-1: the last one)."""
         ptr = self._lib.llama_get_logits_ith(self.ptr, i)
