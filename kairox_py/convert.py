@@ -375,8 +375,8 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
         with make_progress(console) as bar:
             task = bar.add_task("training predictors", total=n_layer)
             for il in range(n_layer):
-                predictors[il] = train_layer(prof.predictor_input(il), prof.mask(il, thr[il]),
-                                             opts.train)
+                predictors[il] = train_layer(prof.predictor_input(il), prof.magnitude(il),
+                                             float(thr[il]), opts.train)
                 bar.advance(task)
         seconds["predictors"] = time.monotonic() - t
 

@@ -39,8 +39,13 @@ def default_topics(part: str) -> dict[str, str]:
         raise ValueError(f"part must be 'profile' or 'eval', got {part!r}")
     from pydoc_data import topics
 
-    want_eval = part == "eval"
-    return {k: v for k, v in sorted(topics.topics.items()) if _is_eval_topic(k) == want_eval}
+    items = sorted(topics.topics.items())
+    # some topics share one text (e.g. "if" and "else"): such a text goes to the profiling
+    # part whenever any of its keys does, so no evaluation text is ever profiled
+    profiled = {v for k, v in items if not _is_eval_topic(k)}
+    if part == "profile":
+        return {k: v for k, v in items if not _is_eval_topic(k)}
+    return {k: v for k, v in items if _is_eval_topic(k) and v not in profiled}
 
 
 def default_corpus(part: str) -> Corpus:

@@ -87,32 +87,48 @@ def _metis_labels(coact: np.ndarray, n_groups: int, seed: int) -> np.ndarray:
     xadj[1:] = np.cumsum(keep.sum(axis=1))
     adjncy = np.nonzero(keep)[1]
     ew = np.maximum(w[keep], 1).round().astype(np.int64)  # row-major, same order as adjncy
-    opts = pymetis.Options(seed=seed)
+    opts = pymetis.Options(seed=seed, ufactor=1)
     _, parts = pymetis.part_graph(n_groups, xadj=xadj.tolist(), adjncy=adjncy.tolist(),
                                   eweights=ew.tolist(), options=opts)
     return np.asarray(parts, dtype=np.int64)
 
 
 def balance(labels: np.ndarray, coact: np.ndarray, n_groups: int, size: int) -> np.ndarray:
-    """Repair a partition to exactly `size` members per group (greedy, affinity-based)."""
+    """Repair a partition to exactly `size` members per group.
+
+    Oversize groups keep the `size` members most attached to them (co-activation with the
+    group); the others are then placed, strongest affinity first, into groups with room."""
     labels = labels.copy()
     w = coact.copy()
     np.fill_diagonal(w, 0)
-    while True:
-        counts = np.bincount(labels, minlength=n_groups)
-        over = np.nonzero(counts > size)[0]
-        if over.size == 0:
-            return labels
-        under = np.nonzero(counts < size)[0]
-        g = over[0]
+    onehot = np.zeros((len(labels), n_groups), dtype=np.float32)
+    onehot[np.arange(len(labels)), labels] = 1.0
+    aff = w @ onehot  # (n, n_groups): co-activation of each neuron with each group
+    free: list[int] = []
+    for g in range(n_groups):
         members = np.nonzero(labels == g)[0]
-        # affinity of each member to its own group, and to each undersize group
-        own = w[np.ix_(members, members)].sum(axis=1)
-        to_under = np.stack([w[np.ix_(members, np.nonzero(labels == u)[0])].sum(axis=1)
-                             for u in under], axis=1)
-        gain = to_under - own[:, None]
-        i, j = np.unravel_index(np.argmax(gain), gain.shape)
-        labels[members[i]] = under[j]
+        if len(members) > size:
+            order = members[np.argsort(-aff[members, g], kind="stable")]
+            free.extend(order[size:].tolist())
+    if not free:
+        return labels
+    free_a = np.asarray(free)
+    labels[free_a] = -1
+    room = size - np.bincount(labels[labels >= 0], minlength=n_groups)
+    cand = aff[free_a]  # (n_free, n_groups)
+    pairs = np.argsort(-cand, axis=None, kind="stable")
+    placed = np.zeros(len(free_a), dtype=bool)
+    for flat in pairs:
+        i, g = divmod(int(flat), n_groups)
+        if placed[i] or room[g] <= 0:
+            continue
+        labels[free_a[i]] = g
+        room[g] -= 1
+        placed[i] = True
+        if placed.all():
+            break
+    assert (np.bincount(labels, minlength=n_groups) == size).all()
+    return labels
 
 
 def group_layer(mask: np.ndarray, group_size: int, *, seed: int = 0) -> LayerGrouping:

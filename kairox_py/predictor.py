@@ -17,17 +17,26 @@ same recall. The rank kept is the smallest one beyond which the next candidate l
 predicted density by less than ``min_gain`` (PowerInfer-style adaptive size: small where
 the layer is easy to predict). Recall/precision/density are reported on separate *test*
 tokens that neither training nor calibration saw.
+
+Massive activations: a few neurons reach 100-1000x the usual magnitudes on rare tokens
+(the BOS token above all, where they form the attention sink). Missing one of them costs
+far more than its share of the recall count (measured on the default model: 0.6% of
+neurons missed, +7% perplexity), so such *outlier* neurons (max |h| over the profile
+above ``outlier_factor`` times the layer's 99.9th percentile) are always predicted active
+(zero W2 row, large b2), and positives are weighted by sqrt(|h| / threshold) (capped) so
+the rest of the training also favours the neurons that matter most.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 DEFAULT_RANKS: tuple[int, ...] = (64, 128, 256)
 DEFAULT_PROB_THRESHOLD = 0.5
+ALWAYS_ON_LOGIT = 30.0  # sigmoid(30) = 1 - 1e-13: above any probability threshold
 
 
 @dataclass(frozen=True)
@@ -35,12 +44,14 @@ class TrainConfig:
     recall: float = 0.95
     ranks: tuple[int, ...] = DEFAULT_RANKS
     epochs: int = 4
-    batch_size: int = 256
-    lr: float = 3e-3
+    batch_size: int = 64
+    lr: float = 1e-2
     pos_weight: float = 3.0
     min_gain: float = 0.02  # predicted-density gain (absolute) that justifies a larger rank
     prob_threshold: float = DEFAULT_PROB_THRESHOLD
     max_train: int = 6144  # training tokens per layer (the rest of the sample: val/test)
+    magnitude_cap: float = 16.0  # positives weigh up to sqrt(cap) more when |h| >> threshold
+    outlier_factor: float = 10.0  # neurons whose max |h| > this x the layer's p99.9: always on
     seed: int = 0
 
 
@@ -90,9 +101,10 @@ def split_indices(n: int, max_train: int, seed: int) -> tuple[np.ndarray, np.nda
     return rest[:max_train], val, test
 
 
-def _train_mlp(x: np.ndarray, y: np.ndarray, rank: int, cfg: TrainConfig,
+def _train_mlp(x: np.ndarray, y: np.ndarray, pos_w: np.ndarray, rank: int, cfg: TrainConfig,
                rng: np.random.Generator) -> tuple[np.ndarray, ...]:
-    """Weighted-BCE training on standardised inputs; returns (w1, b1, w2, b2)."""
+    """Weighted-BCE training on standardised inputs; pos_w: per-pair weight of a positive.
+    Returns (w1, b1, w2, b2)."""
     n, d = x.shape
     n_out = y.shape[1]
     w1 = (rng.standard_normal((rank, d)) * math.sqrt(2.0 / d)).astype(np.float32)
@@ -106,20 +118,19 @@ def _train_mlp(x: np.ndarray, y: np.ndarray, rank: int, cfg: TrainConfig,
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     step = 0
     bs = cfg.batch_size
-    w = np.float32(cfg.pos_weight)
     n_batches = max(1, n // bs)
     total_steps = cfg.epochs * n_batches
     for _ in range(cfg.epochs):
         order = rng.permutation(n)
         for b in range(n_batches):
             sel = order[b * bs:(b + 1) * bs]
-            xb, yb = x[sel], y[sel]
+            xb, yb, wb = x[sel], y[sel], pos_w[sel]
             pre = xb @ w1.T + b1
             h = np.maximum(pre, 0.0)
             z = h @ w2.T + b2
             s = _sigmoid(z)
             # d/dz of -w*y*log(s) - (1-y)*log(1-s) = s*(w*y + 1 - y) - w*y
-            wy = w * yb
+            wy = wb * yb
             dz = (s * (wy + 1.0 - yb) - wy) / np.float32(len(sel) * n_out)
             g_w2 = dz.T @ h
             g_b2 = dz.sum(axis=0)
@@ -162,12 +173,25 @@ def scores(z: np.ndarray, y: np.ndarray, lthr: float) -> tuple[float, float, flo
     return recall, precision, n_pred / y.size
 
 
-def train_layer(x: np.ndarray, y: np.ndarray, cfg: TrainConfig,
+def outlier_neurons(mag: np.ndarray, factor: float) -> np.ndarray:
+    """Neurons whose largest |h| exceeds `factor` x the layer's 99.9th percentile."""
+    flat = mag.reshape(-1)
+    k = min(int(0.999 * flat.size), flat.size - 1)
+    q = float(np.partition(flat, k)[k])
+    return np.nonzero(mag.max(axis=0) > factor * max(q, 1e-12))[0]
+
+
+def train_layer(x: np.ndarray, mag: np.ndarray, threshold: float, cfg: TrainConfig,
                 on_rank: Callable[[int], None] | None = None) -> LayerPredictor:
-    """Train one layer's predictor (x: (n, n_embd) inputs, y: (n, n_ff) bool mask)."""
+    """Train one layer's predictor. x: (n, n_embd) predictor inputs; mag: (n, n_ff)
+    |act(gate)*up|; a neuron is a positive where mag > threshold."""
     n, d = x.shape
     x = np.asarray(x, dtype=np.float32)
-    y = np.asarray(y, dtype=bool)
+    mag = np.asarray(mag, dtype=np.float32)
+    y = mag > threshold
+    ratio = np.clip(mag / max(threshold, 1e-12), 1.0, cfg.magnitude_cap)
+    pos_w = (np.float32(cfg.pos_weight) * np.sqrt(ratio)).astype(np.float32)
+    always = outlier_neurons(mag, cfg.outlier_factor)
     tr, va, te = split_indices(n, cfg.max_train, cfg.seed)
     mu = x[tr].mean(axis=0)
     sd = x[tr].std(axis=0) + 1e-6
@@ -179,7 +203,9 @@ def train_layer(x: np.ndarray, y: np.ndarray, cfg: TrainConfig,
     best: tuple[tuple[np.ndarray, ...], float] | None = None
     tried: list[tuple[int, float]] = []
     for rank in ranks:
-        w1, b1, w2, b2 = _train_mlp(xs[tr], ytr, rank, cfg, rng)
+        w1, b1, w2, b2 = _train_mlp(xs[tr], ytr, pos_w[tr], rank, cfg, rng)
+        w2[always] = 0.0
+        b2[always] = ALWAYS_ON_LOGIT
         zv = np.maximum(xs[va] @ w1.T + b1, 0.0) @ w2.T + b2
         off = recall_offset(zv, y[va], cfg.recall, lthr)
         _, _, dens = scores(zv + off, y[va], lthr)
@@ -200,13 +226,3 @@ def train_layer(x: np.ndarray, y: np.ndarray, cfg: TrainConfig,
                           rec, prec, dens, float(y[te].mean()), tuple(tried))
 
 
-def train_all(inputs: Callable[[int], np.ndarray], masks: Callable[[int], np.ndarray],
-              n_layer: int, cfg: TrainConfig, layers: Sequence[int] | None = None,
-              progress: Callable[[int], None] | None = None) -> list[LayerPredictor]:
-    """Train every layer's predictor; inputs(l)/masks(l) give that layer's data."""
-    out = []
-    for layer in layers if layers is not None else range(n_layer):
-        out.append(train_layer(inputs(layer), masks(layer), cfg))
-        if progress:
-            progress(layer)
-    return out
