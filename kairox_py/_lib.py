@@ -263,6 +263,34 @@ class kairox_op_time(Structure):
     ]
 
 
+# ---- kairox.h: balancer ----
+# enum kairox_balancer_policy
+(KAIROX_BALANCER_STATIC, KAIROX_BALANCER_LRU, KAIROX_BALANCER_LFU, KAIROX_BALANCER_TOPK,
+ KAIROX_BALANCER_EAGER, KAIROX_BALANCER_TAM, KAIROX_BALANCER_TAM_FIXED) = range(7)
+# enum kairox_bottleneck
+KAIROX_BOTTLENECK_NONE, KAIROX_BOTTLENECK_IO, KAIROX_BOTTLENECK_CPU = 0, 1, 2
+KAIROX_BALANCER_PARAMS_VERSION = 1
+
+
+class kairox_balancer_params(Structure):
+    _fields_ = [
+        ("size", c_uint32),  # sizeof(struct kairox_balancer_params) as the caller compiled it
+        ("version", c_uint32),  # KAIROX_BALANCER_PARAMS_VERSION
+        ("policy", c_int32),  # enum kairox_balancer_policy
+        ("n_layer", c_int32),
+        ("n_groups", POINTER(c_int32)),  # [n_layer]
+        ("budget", POINTER(c_int32)),  # [n_layer] K in groups
+        ("group_freq", POINTER(c_float)),  # [sum n_groups] or NULL
+        ("lambda_init", c_float),
+        ("lambda_min", c_float),
+        ("lambda_max", c_float),
+        ("alpha", c_float),
+        ("eps", c_float),  # tau = (1 - lambda) + eps
+        ("max_loads", c_int32),  # 0: no cap
+        ("adapt_cap", c_bool),
+    ]
+
+
 #: Every struct mirror, by its C name: what the ABI test compares against the library.
 STRUCTS: dict[str, type[Structure]] = {
     cls.__name__: cls
@@ -280,6 +308,7 @@ STRUCTS: dict[str, type[Structure]] = {
         kairox_params,
         kairox_layer_stats,
         kairox_op_time,
+        kairox_balancer_params,
     )
 }
 
@@ -329,6 +358,38 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
     ("kairox_profiler_get", [c_void_p, c_int32, c_int32, POINTER(c_float), c_int64], c_int64),
     # void kairox_profiler_clear(struct kairox_profiler * prof);
     ("kairox_profiler_clear", [c_void_p], None),
+    # --- kairox.h: balancer ---
+    # struct kairox_balancer_params kairox_balancer_default_params(void);
+    ("kairox_balancer_default_params", [], kairox_balancer_params),
+    # const char * kairox_balancer_check_params(const struct kairox_balancer_params * params);
+    ("kairox_balancer_check_params", [POINTER(kairox_balancer_params)], c_char_p),
+    # struct kairox_balancer * kairox_balancer_init(const struct kairox_balancer_params * params);
+    ("kairox_balancer_init", [POINTER(kairox_balancer_params)], c_void_p),
+    # void kairox_balancer_free(struct kairox_balancer * bal);
+    ("kairox_balancer_free", [c_void_p], None),
+    # void kairox_balancer_reset(struct kairox_balancer * bal);
+    ("kairox_balancer_reset", [c_void_p], None),
+    # int32_t kairox_balancer_group_intensity(const uint8_t * mask, int64_t n_neurons, int32_t group_size,
+    #                                         float * out, int32_t n_max);
+    ("kairox_balancer_group_intensity", [c_void_p, c_int64, c_int32, POINTER(c_float), c_int32], c_int32),
+    # void kairox_balancer_feedback(struct kairox_balancer * bal, int32_t layer, int32_t bottleneck);
+    ("kairox_balancer_feedback", [c_void_p, c_int32, c_int32], None),
+    # int32_t kairox_balancer_step(struct kairox_balancer * bal, int32_t layer, const float * intensity, int32_t n_groups);
+    ("kairox_balancer_step", [c_void_p, c_int32, POINTER(c_float), c_int32], c_int32),
+    # int64_t kairox_balancer_step_all(struct kairox_balancer * bal, const float * intensity, const int32_t * feedback);
+    ("kairox_balancer_step_all", [c_void_p, POINTER(c_float), POINTER(c_int32)], c_int64),
+    # int64_t kairox_balancer_get_resident(const struct kairox_balancer * bal, int32_t layer, uint8_t * mask, int64_t n_max);
+    ("kairox_balancer_get_resident", [c_void_p, c_int32, c_void_p, c_int64], c_int64),
+    # int32_t kairox_balancer_get_loads(const struct kairox_balancer * bal, int32_t layer, int32_t * groups, int32_t n_max);
+    ("kairox_balancer_get_loads", [c_void_p, c_int32, POINTER(c_int32), c_int32], c_int32),
+    # int32_t kairox_balancer_get_evicts(const struct kairox_balancer * bal, int32_t layer, int32_t * groups, int32_t n_max);
+    ("kairox_balancer_get_evicts", [c_void_p, c_int32, POINTER(c_int32), c_int32], c_int32),
+    # int64_t kairox_balancer_get_scores(const struct kairox_balancer * bal, int32_t layer, float * scores, int64_t n_max);
+    ("kairox_balancer_get_scores", [c_void_p, c_int32, POINTER(c_float), c_int64], c_int64),
+    # int32_t kairox_balancer_get_lambda(const struct kairox_balancer * bal, int32_t layer, float * lambda, int32_t n_max);
+    ("kairox_balancer_get_lambda", [c_void_p, c_int32, POINTER(c_float), c_int32], c_int32),
+    # float kairox_balancer_get_load_cap(const struct kairox_balancer * bal, int32_t layer);
+    ("kairox_balancer_get_load_cap", [c_void_p, c_int32], c_float),
     # --- ggml quantization (kairox convert: dequantize-transpose-requantize of ffn_down) ---
     # size_t ggml_quantize_chunk(enum ggml_type type, const float * src, void * dst, int64_t start,
     #                            int64_t nrows, int64_t n_per_row, const float * imatrix);
@@ -484,6 +545,17 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
 ]
 
 
+#: Function groups a library built from an older tree may lack without failing to load (the
+#: rest of kairox_py keeps working); calling one then raises KairoxError asking for a rebuild.
+_OPTIONAL_PREFIXES: tuple[str, ...] = ("kairox_balancer_",)
+
+
+def _missing_function(path: Path, name: str) -> Any:
+    def missing(*_args: Any) -> Any:
+        raise KairoxError(f"{path} lacks {name}: rebuild it from this tree")
+    return missing
+
+
 # ---------------------------------------------------------------------------------------
 # Finding the library
 # ---------------------------------------------------------------------------------------
@@ -604,8 +676,11 @@ class Library:
             fn.argtypes = argtypes
             fn.restype = restype
             setattr(self, name, fn)
-        if missing:
-            raise KairoxError(f"{path} lacks {', '.join(missing)}: rebuild it from this tree")
+        required = [m for m in missing if not m.startswith(_OPTIONAL_PREFIXES)]
+        if required:
+            raise KairoxError(f"{path} lacks {', '.join(required)}: rebuild it from this tree")
+        for name in missing:  # optional groups: fail only when used
+            setattr(self, name, _missing_function(path, name))
         self.log = LogSink(verbose)
         self.llama_log_set(self.log.callback, None)
         self.llama_backend_init()

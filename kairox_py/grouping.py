@@ -88,7 +88,8 @@ def _metis_labels(coact: np.ndarray, n_groups: int, seed: int) -> np.ndarray:
     adjncy = np.nonzero(keep)[1]
     ew = np.maximum(w[keep], 1).round().astype(np.int64)  # row-major, same order as adjncy
     opts = pymetis.Options(seed=seed, ufactor=1)
-    _, parts = pymetis.part_graph(n_groups, xadj=xadj.tolist(), adjncy=adjncy.tolist(),
+    graph = pymetis.CSRAdjacency(xadj.tolist(), adjncy.tolist())
+    _, parts = pymetis.part_graph(n_groups, graph,
                                   eweights=ew.tolist(), options=opts)
     return np.asarray(parts, dtype=np.int64)
 
