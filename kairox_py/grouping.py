@@ -72,7 +72,11 @@ def intra_share(coact: np.ndarray, labels: np.ndarray) -> float:
 
 
 def _metis_labels(coact: np.ndarray, n_groups: int, seed: int) -> np.ndarray:
-    import pymetis  # optional dependency (the `grouping` extra); imported where needed
+    try:
+        import pymetis  # optional dependency (the `grouping` extra); imported where needed
+    except ImportError:
+        raise KairoxError("co-activation grouping needs pymetis: pip install 'kairox[grouping]' "
+                          "(or convert with --no-reorder)") from None
 
     n = coact.shape[0]
     w = coact.copy()
