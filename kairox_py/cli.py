@@ -26,6 +26,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("profile", "profile"),
     ("convert", "convert"),
     ("eval", "eval_cmd"),
+    ("trace", "trace"),
+    ("simulate", "simulate"),
     ("bench", "bench"),
 ]
 

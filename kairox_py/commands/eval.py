@@ -33,7 +33,7 @@ def _floats(text: str, what: str) -> list[float]:
 @click.option("--scales", default=None,
               help="Sweep threshold_scale over these values, e.g. 0.5,1,1.5 (threshold/CATS).")
 @click.option("--pred-thresholds", default=None,
-              help="Sweep the predictor probability threshold, e.g. 0.3,0.5,0.7.")
+              help="Also evaluate predictor mode at these probability thresholds, e.g. 0.3,0.5,0.7.")
 @click.option("--corpus", multiple=True, type=click.Path(dir_okay=False),
               help="Evaluation text file(s) (default: pydoc topics, held-out split).")
 @click.option("--tokens", type=click.IntRange(min=16), default=DEFAULT_EVAL_TOKENS,
@@ -63,8 +63,8 @@ def eval_cmd(models: tuple[str, ...], reference: str | None, mode: str, scales: 
             vals = _floats(pred_thresholds, "'--pred-thresholds'")
             if any(not 0 < v < 1 for v in vals):
                 raise click.BadParameter("must be in (0, 1)", param_hint="'--pred-thresholds'")
-            settings += [EvalSetting(p, "predictor" if mode == "auto" else mode,
-                                     pred_threshold=v, label=f"{name} p={v:g}") for v in vals]
+            settings += [EvalSetting(p, "predictor", pred_threshold=v, label=f"{name} p={v:g}")
+                         for v in vals]
         if not scales and not pred_thresholds:
             settings.append(EvalSetting(p, mode, label=f"{name} ({mode})"))
     text = load_corpus(list(corpus), "eval")
