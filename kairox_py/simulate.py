@@ -10,9 +10,9 @@ Cost model (per decode step, layer by layer, times in microseconds; see :class:`
 * GPU: a kernel costs ``launch_us``; reading weights runs at the GPU's memory bandwidth
   times ``gpu_eff``. Attention of a layer = its kernels + its weights; the sparse FFN on the
   GPU = its kernels + the predictor + the resident active rows (gate, up, down_t bytes).
-* CPU: the sparse FFN rows not in VRAM cost ``cpu_row_us`` each plus a fixed ``cpu_fixed_us``
-  per layer, calibrated from our own sparse-kernel microbenchmark (``test-kairox-ops perf``)
-  and scaled to the preset's threads, never faster than the preset's memory bandwidth allows.
+* CPU: a layer's sparse FFN rows not in VRAM cost what our own sparse kernels measure
+  (``test-kairox-ops perf``: time by share of active rows, interpolated), the part above the
+  near-empty cost scaled to the preset's threads, never faster than its memory bandwidth.
 * PCIe: a copy of b bytes takes ``t0 + b / B``, fitted to the paper's Table 2 (bandwidth by
   group size, PCIe 3.0/4.0); loading a group copies its gate, up and down_t rows (3 copies).
   The CPU's input and partial result cross the link too (critical transfers): they preempt
@@ -31,6 +31,7 @@ Throughput = decode tokens per second of the simulated steps.
 """
 from __future__ import annotations
 
+import bisect
 import csv
 import math
 from collections.abc import Iterable, Sequence
@@ -98,49 +99,57 @@ PRESETS: dict[str, Preset] = {
 # ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class CpuCalibration:
-    """Per-layer sparse FFN cost on the machine the microbenchmark ran on:
-    t = fixed_us + row_us * active_rows (gate/up mul_mat_sparse + down axpy_sparse)."""
+    """Measured CPU time of one layer's sparse FFN (gate and up mul_mat_sparse + down
+    axpy_sparse) by share of active rows, on the machine the microbenchmark ran on. Sparse
+    kernels are not linear in the rows (fixed thread-sync cost, then gathers that saturate),
+    so the table is interpolated rather than fitted."""
 
-    fixed_us: float
-    row_us: float
+    density: tuple[float, ...]  # share of the layer's n_ff rows computed
+    us: tuple[float, ...]  # microseconds for those rows (all three ops)
+    n_ff: int
     threads: int
     source: str
 
+    def time_us(self, rows: float) -> float:
+        return float(np.interp(rows / self.n_ff, self.density, self.us))
 
-#: `test-kairox-ops perf -t 2 --types q4_1,q8_0 --shapes 576x1536` on this project's
-#: 2-core build machine (AMD EPYC, 2 threads); see BENCHMARKS.md "Balancer and simulator".
-#: gate + up (q4_1 mul_mat_sparse) + down (q8_0 axpy_sparse), fitted over 1..100% density.
-DEFAULT_CPU = CpuCalibration(fixed_us=12.0, row_us=0.16, threads=2,
-                             source="built-in: test-kairox-ops perf, 576x1536, q4_1 gate/up + q8_0 down, 2 threads")
+
+#: `test-kairox-ops perf -t 2 --types q4_1,q8_0 --shapes 576x1536 --reps 400` (3 runs,
+#: mean) on this project's 2-core build machine (AMD EPYC, 2 threads): 2 x q4_1
+#: mul_mat_sparse (gate, up) + q8_0 axpy_sparse (down_t) for the default model's FFN.
+#: See BENCHMARKS.md "Balancer and simulator".
+DEFAULT_CPU = CpuCalibration(
+    density=(0.0, 0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 1.00),
+    us=(37.0, 37.0, 49.0, 70.3, 130.3, 208.3, 267.0, 292.0), n_ff=1536, threads=2,
+    source="built-in: test-kairox-ops perf 576x1536, 2x q4_1 mul_mat_sparse + q8_0 axpy_sparse, "
+           "2 threads, mean of 3 runs")
 
 
 def calibration_from_csv(path: str | Path, k: int, n: int, updown_type: str, down_type: str) -> CpuCalibration:
-    """Fit fixed + per-row cost from `test-kairox-ops perf -o F.csv` rows of shape k x n:
-    two mul_mat_sparse (gate, up) of `updown_type` plus one axpy_sparse of `down_type`."""
-    rows: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    """The table from `test-kairox-ops perf -o F.csv` rows of shape k x n: two mul_mat_sparse
+    (gate, up) of `updown_type` plus one axpy_sparse of `down_type`, per density (mean over
+    repeated rows)."""
+    acc: dict[tuple[str, str, float], list[float]] = {}
     threads = 0
     try:
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 if int(r["k"]) != k or int(r["n"]) != n:
                     continue
-                rows.setdefault((r["op"], r["type"].lower()), []).append(
-                    (float(r["density"]) * n, float(r["sparse_us"])))
+                acc.setdefault((r["op"], r["type"].lower(), float(r["density"])), []).append(
+                    float(r["sparse_us"]))
                 threads = int(r["threads"])
     except (OSError, KeyError, ValueError) as e:
         raise KairoxError(f"cannot read calibration CSV {path}: {e}") from None
-
-    def fit(op: str, typ: str) -> tuple[float, float]:
-        pts = rows.get((op, typ.lower()))
-        if not pts or len(pts) < 2:
-            raise KairoxError(f"calibration CSV {path} has no {op} {typ} rows for shape {k}x{n}")
-        x, y = np.array(pts).T
-        slope, icpt = np.polyfit(x, y, 1)
-        return float(max(icpt, 0.0)), float(max(slope, 0.0))
-
-    a1, b1 = fit("mul_mat_sparse", updown_type)
-    a2, b2 = fit("axpy_sparse", down_type)
-    return CpuCalibration(2 * a1 + a2, 2 * b1 + b2, threads, f"{path} ({k}x{n}, {threads} threads)")
+    dens = sorted({d for (op, t, d) in acc if op == "mul_mat_sparse" and t == updown_type.lower()}
+                  & {d for (op, t, d) in acc if op == "axpy_sparse" and t == down_type.lower()})
+    if len(dens) < 2:
+        raise KairoxError(f"calibration CSV {path} lacks mul_mat_sparse {updown_type} and "
+                          f"axpy_sparse {down_type} rows for shape {k}x{n}")
+    us = [2 * float(np.mean(acc[("mul_mat_sparse", updown_type.lower(), d)]))
+          + float(np.mean(acc[("axpy_sparse", down_type.lower(), d)])) for d in dens]
+    return CpuCalibration((0.0, *dens), (us[0], *us), n, threads,
+                          f"{path} ({k}x{n}, {threads} threads)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,8 +167,8 @@ class CostModel:
     attn_us: np.ndarray  # (n_layer,) attention block on the GPU
     gpu_ffn_fixed_us: float  # sparse FFN kernels + predictor on the GPU
     gpu_row_us: float  # per active resident row
-    cpu_fixed_us: float  # per layer with CPU rows
-    cpu_row_us: float  # per active row on the CPU
+    cpu_rows_tab: tuple[float, ...]  # CPU FFN time of a layer by active CPU rows (interpolated)
+    cpu_us_tab: tuple[float, ...]
     crit_us: float  # one critical transfer (an n_embd float vector over PCIe)
     group_load_us: float  # PCIe time to load one group (3 copies)
     tail_us: float  # output layer + sampling after the last layer
@@ -178,18 +187,39 @@ class CostModel:
         pred_bytes = 2 * rank * (m.n_embd + m.n_ff)
         # FFN on the GPU: predictor (2), norm, fused gate/up, down, merge add (+ residual)
         gpu_fixed = 6 * preset.launch_us + pred_bytes / gpu_bpus
-        # CPU: our measured per-row time, scaled by threads, bounded by the preset's memory
+        # CPU: our measured table scaled to the preset: the part above the near-empty cost
+        # (thread sync) shrinks with the thread count, but never below what the preset's
+        # memory bandwidth allows for the rows' bytes
         scale = cpu.threads / preset.cpu_threads
-        mem_floor = row_bytes / (preset.cpu_mem_bw * preset.cpu_bw_eff * 1e3)
-        cpu_row = max(cpu.row_us * scale, mem_floor)
+        mem_floor = row_bytes / (preset.cpu_mem_bw * preset.cpu_bw_eff * 1e3)  # us per row
+        rows_tab = [d * m.n_ff for d in cpu.density]
+        base = cpu.us[0]
+        us_tab = [base + max((u - base) * scale, r * mem_floor) for r, u in zip(rows_tab, cpu.us)]
         crit = t0 + 4 * m.n_embd / pcie_bpus
         load = 3 * t0 + group_size * row_bytes / pcie_bpus
         tail = 3 * preset.launch_us + m.costs["output_bytes"] / gpu_bpus + preset.sample_us
+        if m.n_ff != cpu.n_ff:
+            raise KairoxError(f"the CPU calibration is for FFN width {cpu.n_ff}, the trace's model "
+                              f"has {m.n_ff}: measure it with test-kairox-ops perf --shapes "
+                              f"{m.n_embd}x{m.n_ff} and pass --cpu-csv")
         notes = {"pcie_t0_us": round(t0, 3), "pcie_gbs": round(pcie_bpus / 1e3, 2),
-                 "cpu_row_measured_us": cpu.row_us, "cpu_thread_scale": round(scale, 3),
-                 "cpu_mem_floor_us": round(mem_floor, 5), "cpu_source": cpu.source}
+                 "cpu_thread_scale": round(scale, 3), "cpu_mem_floor_us_per_row": round(mem_floor, 5),
+                 "cpu_us_at_50pct": round(float(np.interp(0.5 * m.n_ff, rows_tab, us_tab)), 2),
+                 "cpu_source": cpu.source}
         return cls(preset.name, m.n_layer, group_size, row_bytes, group_size * row_bytes, attn,
-                   gpu_fixed, row_bytes / gpu_bpus, cpu.fixed_us, cpu_row, crit, load, tail, notes)
+                   gpu_fixed, row_bytes / gpu_bpus, tuple(rows_tab), tuple(us_tab), crit, load,
+                   tail, notes)
+
+    def cpu_us(self, rows: float) -> float:
+        """CPU FFN time of a layer for `rows` active rows on the CPU (0 for none)."""
+        if rows <= 0:
+            return 0.0
+        xs, ys = self.cpu_rows_tab, self.cpu_us_tab
+        i = bisect.bisect_right(xs, rows)
+        if i >= len(xs):
+            return ys[-1]
+        x0, x1 = xs[i - 1], xs[i]
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (rows - x0) / (x1 - x0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -313,15 +343,16 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
     n_groups = data.trace.n_ff // gs
     K = int(round(cfg.budget * n_groups))
     n_tok = sum(c.shape[0] for c in data.counts)
-    rec = {k: np.zeros((n_tok, L)) for k in ("cpu", "io", "ios", "cpus", "rows", "gpu", "loads",
-                                               "late", "lam")}
-    fb_rec = np.zeros((n_tok, L), dtype=np.int32)
+    rec = {k: np.zeros((n_tok, L), dtype=np.float32)
+           for k in ("cpu", "io", "ios", "cpus", "rows", "gpu", "loads", "late", "lam")}
+    fb_rec = np.zeros((n_tok, L), dtype=np.int8)
     token_us = np.zeros(n_tok)
     freq = data.group_freq().astype(np.float32).reshape(-1)
+    clock = _Clock(cost, cfg.mode)
     with Balancer([n_groups] * L, [K] * L, cfg.balancer, freq) as bal:
         res = np.empty(L * n_groups, dtype=np.uint8)
         prev = np.empty_like(res)
-        scores = np.empty(L * n_groups, dtype=np.float32)
+        scores = np.zeros(L * n_groups, dtype=np.float32)
         lam = np.empty(L, dtype=np.float32)
         fb = np.zeros(L, dtype=np.int32)
         row = 0
@@ -329,32 +360,28 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
             bal.reset()
             bal.resident_into(prev)
             fb[:] = 0
+            clock.start_sequence()
             inten = counts.astype(np.float32) / gs  # (S, L, G)
-            link_free = 0.0  # absolute clock of the reload link
-            clock = 0.0
-            pending0 = 0.0  # layer-0 reload issued during the previous token: its end time
+            # decision inputs: layers >= 1 from the step's own adjacent prediction; layer 0
+            # from the previous step's layer-0 pattern (prefetched during sampling)
+            decide = inten.copy()
+            decide[1:, 0] = inten[:-1, 0]
+            decide = decide.reshape(len(inten), -1)
+            cf = counts.astype(np.float32)
             for t in range(counts.shape[0]):
-                # decision inputs: layers >= 1 from this step's adjacent prediction, layer 0
-                # from the previous step's layer-0 pattern (prefetched during sampling)
-                a = inten[t].copy()
-                a[0] = inten[t - 1, 0] if t > 0 else inten[t, 0]
                 bal.lambdas_into(lam)
-                bal.step_all(a.reshape(-1), fb)
+                bal.step_all(decide[t], fb)
                 bal.resident_into(res)
-                r2 = res.reshape(L, n_groups).astype(bool)
-                p2 = prev.reshape(L, n_groups).astype(bool)
-                new = r2 & ~p2
-                c = counts[t].astype(np.float64)  # this step's computed rows per group
+                r2 = res.reshape(L, n_groups).view(bool)
+                new = r2 & ~prev.reshape(L, n_groups).view(bool)
+                c = cf[t]
                 n_load = new.sum(axis=1)
                 rows = c.sum(axis=1)
                 gpu = (c * r2).sum(axis=1)
-                load_rows = (c * new).sum(axis=1)
                 if cfg.mode == "async" and n_load.any():
                     bal.scores_into(scores)
-                out = _clock_step(cost, cfg, t, clock, link_free, pending0, n_load, rows, gpu,
-                                  load_rows, new, c, scores.reshape(L, n_groups))
-                clock, link_free, pending0, tok_us, per = out
-                token_us[row] = tok_us
+                per = clock.step(n_load, rows, gpu, new, c, scores.reshape(L, n_groups))
+                token_us[row] = per["token"]
                 for k in ("cpu", "io", "ios", "cpus", "gpu", "late"):
                     rec[k][row] = per[k]
                 rec["rows"][row], rec["loads"][row], rec["lam"][row] = rows, n_load, lam
@@ -370,6 +397,7 @@ def _classify(io_stall: np.ndarray, cpu_stall: np.ndarray, late_us: np.ndarray,
               deadband: float) -> np.ndarray:
     """kairox_bottleneck per layer: the larger of the I/O-side and CPU-side waits, if any
     exceeds the deadband."""
+    io_stall, cpu_stall = np.asarray(io_stall), np.asarray(cpu_stall)
     io = np.maximum(io_stall, late_us)
     fb = np.zeros(len(io), dtype=np.int32)
     fb[(io > deadband) & (io >= cpu_stall)] = _lib.KAIROX_BOTTLENECK_IO
@@ -377,75 +405,79 @@ def _classify(io_stall: np.ndarray, cpu_stall: np.ndarray, late_us: np.ndarray,
     return fb
 
 
-def _clock_step(cost: CostModel, cfg: SimConfig, t: int, clock: float, link_free: float,
-                pending0: float, n_load: np.ndarray, rows: np.ndarray, gpu: np.ndarray,
-                load_rows: np.ndarray, new: np.ndarray, c: np.ndarray,
-                scores: np.ndarray) -> tuple[float, float, float, float, dict[str, np.ndarray]]:
-    """Advance the pipeline clock through one token; returns (clock, link_free, layer-0 reload
-    end for the next token, token time, per-layer records)."""
-    L = cost.n_layer
-    start = clock
-    io_us = n_load * cost.group_load_us
-    cpu_rows = rows - gpu
-    ios = np.zeros(L)
-    cpus = np.zeros(L)
-    cpu_t = np.zeros(L)
-    late = np.zeros(L)
-    late_us = np.zeros(L)
-    gpu_rows_eff = gpu.copy()
-    # layer 0's reload: issued during the previous token's last layer (pending0 = when the
-    # link could start it), or now for the first token
-    issue0 = pending0 if t > 0 else max(clock, link_free)
-    reload_end = issue0 + io_us[0]
-    link_free = reload_end
-    attn = cost.attn_us
-    for il in range(L):
-        clock += attn[il]  # attention il; adjacent prediction for il + 1 is known now
-        ready = clock
-        if cfg.mode == "wait":
-            ffn_start = max(ready, reload_end)
-            ios[il] = ffn_start - ready
-        else:
-            ffn_start = ready
-            if reload_end > ready and n_load[il] > 0:
-                # loads land one after another from reload_end - io_us[il]
-                begin = reload_end - io_us[il]
-                done = int(max(0.0, (ready - begin)) // cost.group_load_us) if ready > begin else 0
-                done = min(done, int(n_load[il]))
-                n_late = int(n_load[il]) - done
-                if n_late > 0:
-                    groups = np.flatnonzero(new[il])
-                    order = groups[np.argsort(-scores[il, groups], kind="stable")]
-                    late_rows = c[il, order[done:]].sum()
-                    gpu_rows_eff[il] -= late_rows
-                    late[il] = n_late
-                    late_us[il] = reload_end - ready
-        g_time = cost.gpu_ffn_fixed_us + gpu_rows_eff[il] * cost.gpu_row_us
-        n_cpu = rows[il] - gpu_rows_eff[il]
-        if n_cpu > 0:
-            c_time = cost.cpu_fixed_us + n_cpu * cost.cpu_row_us + 2 * cost.crit_us
-            crit = 2 * cost.crit_us
-        else:
-            c_time = 0.0
-            crit = 0.0
-        cpu_t[il] = c_time
-        cpus[il] = max(0.0, c_time - g_time)
-        ffn_end = ffn_start + max(g_time, c_time)
-        # the reload for the next layer (layer 0 of the next token after the last layer):
-        # starts when the link is free and the prediction is known; critical transfers of
-        # this FFN preempt it (they take link time inside its window)
-        issue = max(ffn_start if cfg.mode == "wait" else ready, link_free)
-        if il + 1 < L:
-            reload_end = issue + io_us[il + 1] + crit
-            link_free = reload_end
-        else:
-            # layer 0 of the next token: prefetched from now on (overlapping this FFN, the
-            # output layer and sampling); its loads are decided, and timed, at the next step
-            link_free = issue + crit
-        clock = ffn_end
-    clock += cost.tail_us
-    next0 = link_free
-    tok = clock - start
-    per = {"cpu": cpu_t, "io": io_us, "ios": ios, "cpus": cpus, "gpu": gpu_rows_eff, "late": late,
-           "late_us": late_us}
-    return clock, link_free, next0, tok, per
+class _Clock:
+    """The live pipeline's clock across the steps of one sequence (absolute microseconds)."""
+
+    def __init__(self, cost: CostModel, mode: str) -> None:
+        self.cost = cost
+        self.wait = mode == "wait"
+        self.attn = [float(a) for a in cost.attn_us]
+        self.start_sequence()
+
+    def start_sequence(self) -> None:
+        self.now = 0.0
+        self.link_free = 0.0  # when the PCIe link finishes its queued transfers
+        self.next0 = None  # when layer 0's prefetch (for this step) could start on the link
+
+    def step(self, n_load: np.ndarray, rows: np.ndarray, gpu: np.ndarray, new: np.ndarray,
+             c: np.ndarray, scores: np.ndarray) -> dict[str, np.ndarray | float]:
+        """Advance through one token; per-layer times (and "token", the token's time)."""
+        cost, L = self.cost, self.cost.n_layer
+        t_load = cost.group_load_us
+        loads = n_load.tolist()
+        rows_l = rows.tolist()
+        gpu_l = gpu.tolist()
+        io = [n * t_load for n in loads]
+        ios, cpus, cpu_t, late, late_us = ([0.0] * L for _ in range(5))
+        start = self.now
+        now = self.now
+        # layer 0's reload was issued during the previous token's last layer (from that
+        # token's layer-0 pattern); for the first token it starts now
+        issue0 = self.next0 if self.next0 is not None else max(now, self.link_free)
+        reload_end = issue0 + io[0]
+        link_free = reload_end
+        for il in range(L):
+            now += self.attn[il]  # attention il; the adjacent prediction for il + 1 is known
+            ready = now
+            g_rows = gpu_l[il]
+            if self.wait:
+                ffn_start = reload_end if reload_end > ready else ready
+                ios[il] = ffn_start - ready
+            else:
+                ffn_start = ready
+                if reload_end > ready and loads[il]:
+                    # loads land one by one, best score first, from reload_end - io[il]
+                    begin = reload_end - io[il]
+                    done = min(int(max(0.0, ready - begin) // t_load), loads[il])
+                    if done < loads[il]:
+                        groups = np.flatnonzero(new[il])
+                        order = groups[np.argsort(-scores[il, groups], kind="stable")]
+                        g_rows -= float(c[il, order[done:]].sum())
+                        late[il] = loads[il] - done
+                        late_us[il] = reload_end - ready
+            g_time = cost.gpu_ffn_fixed_us + g_rows * cost.gpu_row_us
+            n_cpu = rows_l[il] - g_rows
+            if n_cpu > 0:
+                crit = 2 * cost.crit_us  # the FFN input to the host, the partial result back
+                c_time = cost.cpu_us(n_cpu) + crit
+            else:
+                crit = c_time = 0.0
+            gpu_l[il] = g_rows
+            cpu_t[il] = c_time
+            cpus[il] = c_time - g_time if c_time > g_time else 0.0
+            ffn_end = ffn_start + (c_time if c_time > g_time else g_time)
+            # the next layer's reload starts once the link is free and its prediction known;
+            # this FFN's critical transfers preempt it (they take link time in its window)
+            issue = max(ffn_start if self.wait else ready, link_free)
+            if il + 1 < L:
+                reload_end = issue + io[il + 1] + crit
+                link_free = reload_end
+            else:
+                # layer 0 of the next token: prefetched from here on, overlapping this FFN,
+                # the output layer and sampling; its loads are decided (and timed) next step
+                link_free = issue + crit
+            now = ffn_end
+        now += cost.tail_us
+        self.now, self.link_free, self.next0 = now, link_free, link_free
+        return {"token": now - start, "cpu": cpu_t, "io": io, "ios": ios, "cpus": cpus,
+                "gpu": gpu_l, "late": late, "late_us": np.array(late_us)}

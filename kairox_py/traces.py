@@ -68,6 +68,7 @@ class KairoxData:
     group_freq: np.ndarray  # f32 (n_layer, n_groups)
     pred: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None]  # w1, b1, w2, b2
     down_t_row_bytes: int
+    down_t_type: str
 
     @property
     def has_predictor(self) -> bool:
@@ -135,10 +136,12 @@ def read_kairox(path: Path, n_layer: int, n_ff: int) -> KairoxData:
     dt = tensors.get(fmt.tensor_name(fmt.TENSOR_DOWN_T, 0))
     down_t_row = int(dt.n_bytes // n_ff) if dt is not None else 0
     return KairoxData(path, gs, thr, float(_field(reader, fmt.KEY_PRED_THRESHOLD) or 0.5),
-                      perm, np.stack(freq), pred, down_t_row)
+                      perm, np.stack(freq), pred, down_t_row,
+                      dt.tensor_type.name.lower() if dt is not None else "")
 
 
-def model_costs(path: Path, n_layer: int, n_ff: int, down_t_row_bytes: int) -> dict[str, Any]:
+def model_costs(path: Path, n_layer: int, n_ff: int, down_t_row_bytes: int,
+                down_t_type: str = "") -> dict[str, Any]:
     """Byte sizes of the weights the simulator's cost model moves or reads, from the GGUF
     header: per-neuron rows of gate/up/down (down_t, as the hybrid runtime stores it),
     per-layer attention weights, and the rest of the per-token GPU work (output, norms)."""
@@ -154,8 +157,13 @@ def model_costs(path: Path, n_layer: int, n_ff: int, down_t_row_bytes: int) -> d
     attn = [sum(nbytes(f"blk.{il}.{n}.weight") for n in ("attn_q", "attn_k", "attn_v", "attn_output"))
             for il in range(n_layer)]
     out = nbytes("output.weight") or nbytes("token_embd.weight")
+    def tname(name: str) -> str:
+        return t[name].tensor_type.name.lower() if name in t else ""
+
     return {"row_bytes": {"gate": gate, "up": up, "down": down}, "attn_bytes": attn,
-            "output_bytes": out}
+            "output_bytes": out,
+            "types": {"gate": tname("blk.0.ffn_gate.weight"), "up": tname("blk.0.ffn_up.weight"),
+                      "down": down_t_type or tname("blk.0.ffn_down.weight")}}
 
 
 # ---------------------------------------------------------------------------------------
@@ -385,7 +393,8 @@ def record_traces(model_path: str | os.PathLike[str], prompts: Sequence[str],
                 has_predicted=has_pred, pred_threshold=kx.pred_threshold if kx else 0.5,
                 chat=opts.chat, temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed,
                 prompts=list(prompts),
-                costs=model_costs(model_path, n_layer, n_ff, kx.down_t_row_bytes if kx else 0),
+                costs=model_costs(model_path, n_layer, n_ff, kx.down_t_row_bytes if kx else 0,
+                                  kx.down_t_type if kx else ""),
                 active_density=[round(float(v), 5) for v in stats[0] / n_pairs],
                 predicted_density=[round(float(v), 5) for v in stats[1] / n_pairs] if has_pred else [],
                 recall=[round(float(v), 5) for v in stats[2] / np.maximum(stats[0], 1)] if has_pred else [],
