@@ -230,7 +230,7 @@ KAIROX_MODE_AUTO, KAIROX_MODE_DENSE, KAIROX_MODE_PREDICTOR, KAIROX_MODE_THRESHOL
 KAIROX_MODES = {"auto": KAIROX_MODE_AUTO, "dense": KAIROX_MODE_DENSE, "predictor": KAIROX_MODE_PREDICTOR,
                 "threshold": KAIROX_MODE_THRESHOLD, "cats": KAIROX_MODE_CATS}
 # enum kairox_profile_kind
-KAIROX_PROFILE_FFN_INPUT, KAIROX_PROFILE_FFN_HIDDEN = 0, 1
+KAIROX_PROFILE_FFN_INPUT, KAIROX_PROFILE_FFN_HIDDEN, KAIROX_PROFILE_RESIDUAL, KAIROX_PROFILE_LAYER_OUT = 0, 1, 2, 3
 
 
 class kairox_params(Structure):
@@ -352,6 +352,8 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
     ("kairox_profiler_init", [c_int32, c_int32, c_int32, c_int32], c_void_p),
     # void kairox_profiler_free(struct kairox_profiler * prof);
     ("kairox_profiler_free", [c_void_p], None),
+    # void kairox_profiler_set_kinds(struct kairox_profiler * prof, uint32_t mask);
+    ("kairox_profiler_set_kinds", [c_void_p, c_uint32], None),
     # int32_t kairox_profiler_n_tokens(const struct kairox_profiler * prof, int32_t kind, int32_t layer);
     ("kairox_profiler_n_tokens", [c_void_p, c_int32, c_int32], c_int32),
     # int64_t kairox_profiler_get(const struct kairox_profiler * prof, int32_t kind, int32_t layer, float * dst, int64_t n_max);

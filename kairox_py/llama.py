@@ -480,7 +480,13 @@ class Profiler:
     Python callback per graph node would be far too slow.
     """
 
-    def __init__(self, model: Model, max_tokens: int) -> None:
+    #: what can be recorded: FFN input (after the norm), hidden act(gate)*up, the residual stream
+    #: entering the FFN, and the layer output (FFN output = output - residual)
+    KINDS = {"input": _lib.KAIROX_PROFILE_FFN_INPUT, "hidden": _lib.KAIROX_PROFILE_FFN_HIDDEN,
+             "residual": _lib.KAIROX_PROFILE_RESIDUAL, "output": _lib.KAIROX_PROFILE_LAYER_OUT}
+
+    def __init__(self, model: Model, max_tokens: int,
+                 kinds: Sequence[str] = ("input", "hidden")) -> None:
         lib = model._lib
         self._lib = lib
         self.n_layer, self.n_embd, self.n_ff = model.n_layer, model.n_embd, model.n_ff
@@ -490,6 +496,10 @@ class Profiler:
             raise KairoxError("cannot create a profiler")
         self._ptr: int | None = int(ptr)
         self._finalizer = weakref.finalize(self, lib.kairox_profiler_free, ptr)
+        bad = [k for k in kinds if k not in self.KINDS]
+        if bad:
+            raise KairoxError(f"unknown profile kind {bad[0]!r}; kinds: {', '.join(self.KINDS)}")
+        lib.kairox_profiler_set_kinds(ptr, sum(1 << self.KINDS[k] for k in set(kinds)))
 
     @property
     def ptr(self) -> int:
@@ -511,12 +521,12 @@ class Profiler:
         self._lib.kairox_profiler_clear(self.ptr)
 
     def get(self, kind: str, layer: int) -> np.ndarray | None:
-        """(n_tokens, width) float32 of the last decode: kind "input" or "hidden"."""
-        k = {"input": _lib.KAIROX_PROFILE_FFN_INPUT, "hidden": _lib.KAIROX_PROFILE_FFN_HIDDEN}[kind]
+        """(n_tokens, width) float32 of the last decode for kind (see KINDS); None if not recorded."""
+        k = self.KINDS[kind]
         n_tok = int(self._lib.kairox_profiler_n_tokens(self.ptr, k, layer))
         if n_tok < 0:
             return None
-        width = self.n_embd if kind == "input" else self.n_ff
+        width = self.n_ff if kind == "hidden" else self.n_embd
         out = np.empty((n_tok, width), dtype=np.float32)
         got = self._lib.kairox_profiler_get(self.ptr, k, layer,
                                              out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
