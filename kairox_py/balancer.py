@@ -46,7 +46,8 @@ class BalancerConfig:
 
     policy: str = "tam"
     lambda_init: float = 0.5
-    lambda_min: float = 0.1
+    lambda_min: float = 0.5  # below ~0.5, tau = (1 - lambda) + eps exceeds the intensity of most
+    # groups (normalised intensity < 1) and freezes the cache: see BENCHMARKS.md
     lambda_max: float = 0.95
     alpha: float = 0.05
     eps: float = 0.01

@@ -395,13 +395,15 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
 
 def _classify(io_stall: np.ndarray, cpu_stall: np.ndarray, late_us: np.ndarray,
               deadband: float) -> np.ndarray:
-    """kairox_bottleneck per layer: the larger of the I/O-side and CPU-side waits, if any
-    exceeds the deadband."""
-    io_stall, cpu_stall = np.asarray(io_stall), np.asarray(cpu_stall)
-    io = np.maximum(io_stall, late_us)
+    """kairox_bottleneck per layer. I/O first: a layer whose reloads did not fit their window
+    (the GPU waited for them, or, async, some landed late) is I/O-bound even if the CPU also
+    stalled, because that wait is caused by balancing and more balancing can only lengthen
+    it; otherwise CPU-bound when the GPU waited for the CPU's rows."""
+    io = np.maximum(np.asarray(io_stall), late_us)
+    cpu = np.asarray(cpu_stall)
     fb = np.zeros(len(io), dtype=np.int32)
-    fb[(io > deadband) & (io >= cpu_stall)] = _lib.KAIROX_BOTTLENECK_IO
-    fb[(cpu_stall > deadband) & (cpu_stall > io)] = _lib.KAIROX_BOTTLENECK_CPU
+    fb[cpu > deadband] = _lib.KAIROX_BOTTLENECK_CPU
+    fb[io > deadband] = _lib.KAIROX_BOTTLENECK_IO
     return fb
 
 

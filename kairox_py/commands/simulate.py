@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..balancer import POLICIES, BalancerConfig
+from ..balancer import POLICIES, Balancer, BalancerConfig
 from ..errors import KairoxError
 from ..progress import make_progress
 from ..simfigures import fig5, fig8, fig10, fig11, fig13
@@ -97,6 +97,7 @@ def simulate(trace_dir: str, out_dir: str | None, presets: str, budgets: str, vr
     GPU+CPU cost model of the paper's PCs; prints throughput, CPU/I/O time, stalls, hit rate
     and bytes moved per token, and writes per-token and per-layer reports with --out."""
     console = stderr_console()
+    console.width = max(console.width, 132)  # the table has 11 columns
     if figures and not out_dir:
         raise click.UsageError("--figures needs --out")
     trace = Trace(trace_dir)
@@ -119,6 +120,7 @@ def simulate(trace_dir: str, out_dir: str | None, presets: str, budgets: str, vr
     cpu = DEFAULT_CPU if cpu_csv is None else _calibration(cpu_csv, trace)
     bal = BalancerConfig(lambda_init=lam, lambda_min=lambda_min, lambda_max=lambda_max, alpha=alpha,
                          eps=eps, max_loads=max_loads, adapt_cap=adapt_cap)
+    Balancer([1], [1], bal).close()  # bad hyperparameters: one error line before any progress
     base = SimConfig(balancer=bal, mode=mode, kind=kind, group_size=gs)
     seqs = list(range(min(n_seq, trace.n_seq))) if n_seq else None
     data = SequenceData(trace, kind, gs, seqs)

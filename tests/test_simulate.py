@@ -1,0 +1,164 @@
+"""The trace-driven simulator: conservation laws on synthetic traces (fast), the cost model's
+PCIe fit against the paper's Table 2, and an end-to-end `kairox trace` + `kairox simulate`
+smoke test on a short real trace of the default model."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kairox_py.balancer import POLICIES, BalancerConfig
+from kairox_py.simulate import (
+    DEFAULT_CPU,
+    MODES,
+    PRESETS,
+    CostModel,
+    SequenceData,
+    SimConfig,
+    simulate,
+)
+from kairox_py.traces import TRACE_VERSION, Trace, TraceMeta, pack
+
+N_LAYER, N_EMBD, N_FF, GS = 4, 576, 1536, 32
+
+
+def make_trace(d: Path, n_seq: int = 2, n_steps: int = 40, seed: int = 0) -> Trace:
+    """A synthetic trace with the default model's shapes: hot neurons, bursts, spikes."""
+    rng = np.random.default_rng(seed)
+    base = rng.random(N_FF) ** 2
+    shape = (n_seq, n_steps, N_LAYER, N_FF)
+    act = np.zeros(shape, dtype=bool)
+    state = rng.random((N_LAYER, N_FF)) < base
+    for s in range(n_seq):
+        for t in range(n_steps):
+            flip = rng.random((N_LAYER, N_FF)) < 0.2
+            state = np.where(flip, rng.random((N_LAYER, N_FF)) < base, state)
+            act[s, t] = state | (rng.random((N_LAYER, N_FF)) < 0.03)
+    pred = act | (rng.random(shape) < 0.2)
+    d.mkdir(parents=True, exist_ok=True)
+    np.save(d / "active.npy", pack(act))
+    np.save(d / "predicted.npy", pack(pred))
+    np.save(d / "tokens.npy", np.zeros(shape[:2], dtype=np.int32))
+    freq = act.reshape(-1, N_LAYER, N_FF // GS, GS).mean(axis=(0, 3)).astype(np.float32)
+    np.save(d / "group_freq.npy", freq)
+    costs = {"row_bytes": {"gate": 360, "up": 360, "down": 612}, "attn_bytes": [400000] * N_LAYER,
+             "output_bytes": 20_000_000, "types": {"gate": "q4_1", "up": "q4_1", "down": "q8_0"}}
+    meta = TraceMeta(TRACE_VERSION, "synthetic", "0", None, N_LAYER, N_EMBD, N_FF, GS, n_seq, n_steps,
+                     [0.0] * N_LAYER, "synthetic", True, 0.5, False, 0.0, 1.0, 0, ["p"] * n_seq, costs)
+    (d / "meta.json").write_text(meta.to_json())
+    return Trace(d)
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Trace:
+    return make_trace(tmp_path_factory.mktemp("trace") / "t")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_conservation(synth: Trace, policy: str, mode: str) -> None:
+    for preset, gs in (("pc-low", 32), ("pc-high", 8)):
+        data = SequenceData(synth, "predicted", gs)
+        cost = CostModel.build(synth, PRESETS[preset], DEFAULT_CPU, gs)
+        r = simulate(data, cost, SimConfig(preset, 0.4, BalancerConfig(policy), mode))
+        # bytes moved are loads times the bytes of a group (gate + up + down_t rows)
+        assert cost.group_bytes == gs * (360 + 360 + 612)
+        assert np.array_equal(r.bytes_moved, r.loads * cost.group_bytes)
+        assert r.summary()["mb_moved"] == pytest.approx(r.loads.sum() * cost.group_bytes / r.n_tokens / 1e6)
+        # time is never negative, and a token costs at least its attention blocks
+        for a in (r.cpu_us, r.io_us, r.io_stall_us, r.cpu_stall_us, r.late):
+            assert (a >= 0).all()
+        assert (r.token_us >= cost.attn_us.sum()).all()
+        # rows: what the GPU computes is part of what is computed
+        assert ((r.gpu_rows >= 0) & (r.gpu_rows <= r.rows)).all()
+        assert 0.0 <= r.summary()["hit_rate"] <= 1.0
+        # the I/O time is exactly the loads' PCIe time
+        assert np.allclose(r.io_us, r.loads * cost.group_load_us, rtol=1e-5)
+        if mode == "wait":
+            assert (r.late == 0).all()
+        else:
+            assert (r.io_stall_us == 0).all()
+        if policy == "static":
+            assert r.loads.sum() == 0 and (r.io_us == 0).all()
+        if policy not in ("tam",):
+            assert np.allclose(r.lam, 0.5)
+
+
+def test_budget_extremes(synth: Trace) -> None:
+    data = SequenceData(synth, "active", GS)
+    cost = CostModel.build(synth, PRESETS["pc-low"], DEFAULT_CPU, GS)
+    full = simulate(data, cost, SimConfig("pc-low", 1.0, BalancerConfig("tam")))
+    assert full.summary()["hit_rate"] == 1.0 and full.loads.sum() == 0
+    assert (full.cpu_us == 0).all()
+    empty = simulate(data, cost, SimConfig("pc-low", 0.0, BalancerConfig("topk")))
+    assert empty.summary()["hit_rate"] == 0.0 and empty.loads.sum() == 0
+
+
+def test_pcie_fit_matches_table_2() -> None:
+    for p in PRESETS.values():
+        t0, bpus = p.pcie_fit()
+        assert t0 > 0
+        for gs, gbs in p.pcie_table:
+            b = gs * p.pcie_table_row_bytes
+            model_gbs = b / (t0 + b / bpus) / 1e3
+            assert model_gbs == pytest.approx(gbs, rel=0.12), (p.name, gs)
+
+
+def test_trace_round_trip(synth: Trace) -> None:
+    m = synth.mask(0, "predicted")
+    assert m.shape == (synth.n_steps, N_LAYER, N_FF) and m.dtype == bool
+    c = synth.group_counts(0, "predicted", GS)
+    assert (c == m.reshape(synth.n_steps, N_LAYER, -1, GS).sum(axis=3)).all()
+
+
+# ---------------------------------------------------------------------------------------
+# the real thing, short: kairox trace (default model) -> kairox simulate
+# ---------------------------------------------------------------------------------------
+def test_trace_and_simulate_cli(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    tdir = tmp_path / "trace"
+    r = run_cli("trace", "-o", str(tdir), "--n-prompts", "2", "--steps", "12", "-t", "2")
+    assert r.returncode == 0, r.stderr
+    tr = Trace(tdir)
+    assert tr.meta.n_seq == 2 and tr.meta.n_steps == 12 and not tr.meta.has_predicted
+    assert 0.4 < np.mean(tr.meta.active_density) < 0.6  # calibrated at sparsity 0.5
+    assert len(set(np.asarray(tr.tokens[0]).tolist())) > 1
+
+    # without a Kairox GGUF there is no predictor output: one clear line
+    r = run_cli("simulate", str(tdir))
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+    assert "predicted" in r.stderr
+
+    out = tmp_path / "sim"
+    r = run_cli("simulate", str(tdir), "--kind", "active", "--budget", "0.5", "--policy",
+                "static,topk,tam", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(open(out / "summary.csv")))
+    assert len(rows) == 2 * 3
+    for row in rows:
+        assert float(row["tok_s"]) > 0 and float(row["token_ms"]) > 0
+        assert float(row["io_stall_ms"]) >= 0 and float(row["cpu_ms"]) >= 0
+    static = [row for row in rows if row["policy"] == "static"]
+    assert all(float(row["mb_moved"]) == 0 for row in static)
+    per_token = list(csv.DictReader(open(out / "per_token.csv")))
+    assert len(per_token) == 6 * 2 * 12
+    for row in per_token:  # bytes = loads x group bytes, per token
+        gb = json.loads((tdir / "meta.json").read_text())["costs"]["row_bytes"]
+        assert float(row["bytes"]) == pytest.approx(float(row["loads"]) * 32 * sum(gb.values()), rel=1e-5)
+    assert len(list(csv.DictReader(open(out / "per_layer.csv")))) == 6 * tr.n_layer
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["simulate", "/no/such/trace"], "not a trace directory"),
+    (["simulate", "{trace}", "--budget", "1.5"], "budget"),
+    (["simulate", "{trace}", "--policy", "fifo"], "policy"),
+    (["simulate", "{trace}", "--group-size", "7"], "group-size"),
+    (["simulate", "{trace}", "--lambda-min", "0", "--kind", "active"], "lambda"),
+])
+def test_simulate_bad_input(run_cli, synth: Trace, args: list[str], msg: str) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli(*[a.replace("{trace}", str(synth.dir)) for a in args])
+    assert r.returncode in (1, 2)
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert msg in r.stderr.lower()
