@@ -103,7 +103,7 @@ def open_input(path: Path) -> InputModel:
         raise KairoxError(f"model file not found: {path}")
     try:
         reader = GGUFReader(path, "r")
-    except Exception as e:  # the gguf reader raises ValueError/IndexError/... on bad files
+    except Exception as e:  # noqa: BLE001 - the gguf reader raises ValueError, IndexError, ...
         raise KairoxError(f"cannot read {path} as GGUF: {e}") from None
     arch = _field(reader, "general.architecture")
     if arch not in fmt.SUPPORTED_ARCHES:
@@ -204,8 +204,20 @@ def _copy_metadata(reader: GGUFReader, writer: GGUFWriter) -> None:
         writer.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
 
 
+def _constant(arr: np.ndarray) -> Callable[[], np.ndarray]:
+    return lambda: arr
+
+
 def _array_tensor(name: str, arr: np.ndarray) -> _NewTensor:
-    return _NewTensor(name, arr.shape, arr.dtype, arr.nbytes, None, lambda a=arr: a)
+    return _NewTensor(name, arr.shape, arr.dtype, arr.nbytes, None, _constant(arr))
+
+
+def _rows(data: np.ndarray, perm: np.ndarray | None) -> Callable[[], np.ndarray]:
+    """The tensor's data, rows permuted if perm is given (raw bytes rows for quantized
+    types: a row of a quantized matrix is whole blocks, so no requantization is needed)."""
+    if perm is None:
+        return lambda: np.asarray(data)
+    return lambda: np.ascontiguousarray(np.asarray(data)[perm])
 
 
 def _pred_tensors(il: int, p: LayerPredictor, pred_type: str) -> list[_NewTensor]:
@@ -245,15 +257,9 @@ def plan_tensors(inp: InputModel, opts: ConvertOptions, groupings: list[LayerGro
     for t in inp.reader.tensors:
         data = t.data
         parts = t.name.split(".")
-        if (opts.reorder and len(parts) == 4 and parts[0] == "blk"
-                and parts[2] in ("ffn_gate", "ffn_up") and parts[3] == "weight"):
-            perm = groupings[int(parts[1])].perm
-
-            def make(d: np.ndarray = data, p: np.ndarray = perm) -> np.ndarray:
-                return np.ascontiguousarray(np.asarray(d)[p])
-        else:
-            def make(d: np.ndarray = data) -> np.ndarray:
-                return np.asarray(d)
+        permute = (opts.reorder and len(parts) == 4 and parts[0] == "blk"
+                   and parts[2] in ("ffn_gate", "ffn_up") and parts[3] == "weight")
+        make = _rows(data, groupings[int(parts[1])].perm if permute else None)
         raw = None if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) \
             else t.tensor_type
         plan.append(_NewTensor(t.name, tuple(data.shape), data.dtype, int(data.nbytes), raw, make))
@@ -408,22 +414,22 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
 def summary_rows(res: ConvertResult) -> list[tuple[str, str]]:
     """(label, value) pairs for the summary table."""
     preds = [p for p in res.predictors if p is not None]
-    rows = [("output", str(res.output)), ("size", f"{res.input_bytes / 1e6:.1f} MB -> "
-                                                   f"{res.output_bytes / 1e6:.1f} MB"),
+    size = f"{res.input_bytes / 1e6:.1f} MB -> {res.output_bytes / 1e6:.1f} MB"
+    rows = [("output", str(res.output)), ("size", size),
             ("profile", f"{res.profile_dir} ({'reused' if res.profile_reused else 'new'})")]
     if preds:
+        ranks = [p.rank for p in preds]
         rows += [("predictor rank (min/mean/max)",
-                  f"{min(p.rank for p in preds)}/{np.mean([p.rank for p in preds]):.0f}/"
-                  f"{max(p.rank for p in preds)}"),
+                  f"{min(ranks)}/{np.mean(ranks):.0f}/{max(ranks)}"),
                  ("predictor recall (mean, min)",
                   f"{np.mean([p.recall for p in preds]):.3f}, {min(p.recall for p in preds):.3f}"),
                  ("predictor precision (mean)", f"{np.mean([p.precision for p in preds]):.3f}"),
                  ("predicted density (mean)", f"{np.mean([p.density for p in preds]):.3f}")]
     g = res.groupings
     if g and not math.isnan(g[0].intra):
+        shares = (np.mean([x.intra for x in g]), np.mean([x.intra_random for x in g]),
+                  np.mean([x.intra_freq for x in g]))
         rows.append(("intra-group co-activation: METIS / random / frequency",
-                     f"{np.mean([x.intra for x in g]):.4f} / "
-                     f"{np.mean([x.intra_random for x in g]):.4f} / "
-                     f"{np.mean([x.intra_freq for x in g]):.4f}"))
+                     " / ".join(f"{v:.4f}" for v in shares)))
     rows.append(("time", ", ".join(f"{k} {v:.1f}s" for k, v in res.seconds.items())))
     return rows

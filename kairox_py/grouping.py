@@ -152,9 +152,8 @@ def group_layer(mask: np.ndarray, group_size: int, *, seed: int = 0) -> LayerGro
     freq_labels[np.argsort(-freq, kind="stable")] = np.repeat(np.arange(n_groups), group_size)
     gfreq = np.array([freq[labels == g].mean() for g in range(n_groups)], dtype=np.float32)
     order = np.argsort(-gfreq, kind="stable")  # hot groups first
-    perm = np.concatenate([
-        (lambda idx: idx[np.argsort(-freq[idx], kind="stable")])(np.nonzero(labels == g)[0])
-        for g in order]).astype(np.int32)
+    members = [np.nonzero(labels == g)[0] for g in order]
+    perm = np.concatenate([m[np.argsort(-freq[m], kind="stable")] for m in members]).astype(np.int32)
     return LayerGrouping(perm=perm, group_freq=gfreq[order],
                          intra=intra_share(coact, labels),
                          intra_random=intra_share(coact, random_labels),

@@ -156,7 +156,7 @@ def recall_offset(z: np.ndarray, y: np.ndarray, recall: float, lthr: float) -> f
     pos = z[y]
     if pos.size == 0:
         return 0.0
-    k = int(math.floor((1.0 - recall) * pos.size))
+    k = math.floor((1.0 - recall) * pos.size)
     k = min(max(k, 0), pos.size - 1)
     q = float(np.partition(pos, k)[k])  # the k-th smallest positive logit must clear lthr
     return lthr - q + 1e-4

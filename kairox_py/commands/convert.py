@@ -13,8 +13,10 @@ from ..convert import (
     DEFAULT_RECALL,
     DEFAULT_SPARSITY,
     ConvertOptions,
-    convert as run_convert,
     summary_rows,
+)
+from ..convert import (
+    convert as run_convert,
 )
 from ..corpus import load_corpus
 from ..format import MODES

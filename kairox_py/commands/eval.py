@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.markdown import Markdown
 
 from ..corpus import load_corpus
 from ..errors import KairoxError
