@@ -240,18 +240,28 @@ def fig13(runs: Sequence[RunRecord], out: Path, presets: Sequence[str]) -> list[
     paths = [_write_csv(out / "fig13_budget.csv", ["preset", "budget", "policy", "tok_s"], rows)]
     plt = _plt()
     if plt and rows:
-        fig, axes = plt.subplots(1, len(presets), figsize=(5.5 * len(presets), 4), squeeze=False)
-        for ax, preset in zip(axes[0], presets):
+        fig, axes = plt.subplots(2, len(presets), figsize=(5.5 * len(presets), 7), squeeze=False,
+                                 sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+        for col, preset in enumerate(presets):
+            ax, rel = axes[0][col], axes[1][col]
+            static = dict((r[1], r[3]) for r in rows if r[0] == preset and r[2] == "static")
             for i, pol in enumerate(POLICY_LABELS):
                 pts = sorted((r[1], r[3]) for r in rows if r[0] == preset and r[2] == pol)
-                if pts:
-                    x, y = zip(*pts)
-                    ax.plot(x, y, "o-" if pol == "tam" else ".-", label=POLICY_LABELS[pol],
-                            lw=2 if pol == "tam" else 1, color=f"C{i}")
-            ax.set_xlabel("VRAM budget (share of FFN groups held)")
+                if not pts:
+                    continue
+                x, y = zip(*pts)
+                style = dict(lw=2 if pol == "tam" else 1, color=f"C{i}", label=POLICY_LABELS[pol])
+                mark = "o-" if pol == "tam" else ".-"
+                ax.plot(x, y, mark, **style)
+                if static:
+                    rel.plot(x, [100 * (v / static[b] - 1) if b in static else np.nan
+                                 for b, v in pts], mark, **style)
             ax.set_ylabel("simulated decode tokens/s")
             ax.set_title(preset, fontsize=10)
             ax.legend(fontsize=7)
+            rel.axhline(0, color="grey", lw=0.5)
+            rel.set_ylabel("vs static placement (%)")
+            rel.set_xlabel("VRAM budget (share of FFN groups held)")
         fig.tight_layout()
         p = out / "fig13_budget.png"
         fig.savefig(p, dpi=120)
