@@ -7,15 +7,21 @@ The suite runs against whatever `kairox_py` imports here: the installed package 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import kairox_py
-from kairox_py import Model, ensure_default_model
+from kairox_py import Model, _lib, ensure_default_model
+from kairox_py.convert import ConvertOptions, ConvertResult, convert
+from kairox_py.corpus import default_corpus
+from kairox_py.predictor import TrainConfig
+from kairox_py.profile import Profile, run_profile
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE_PARENT = Path(kairox_py.__file__).resolve().parent.parent
@@ -82,3 +88,43 @@ def make_bad_files(d: Path, model_path: Path) -> dict[str, Path]:
     files["truncated_1mb"].write_bytes(data[: 1 << 20])
     files["truncated_tensor_data"].write_bytes(data[: int(len(data) * 0.6)])
     return files
+
+
+def find_tool(name: str) -> Path | None:
+    """An upstream tool (llama-completion, llama-server, ...) built from the same tree as the
+    loaded library: next to it (build dir), the environment's scripts, PATH, then build/dev."""
+    lib_path = _lib.lib().path
+    dirs = [lib_path.parent / "bin", Path(sysconfig.get_path("scripts")), Path(sys.executable).parent]
+    which = shutil.which(name)
+    if which:
+        dirs.append(Path(which).parent)
+    dirs.append(REPO / "build" / "dev" / "bin")
+    for d in dirs:
+        exe = d / name
+        if exe.is_file():
+            return exe
+    return None
+
+
+# ---- one small Kairox conversion of the default model per session ----------------------
+PIPELINE_RECALL = 0.9
+PIPELINE_OPTS = ConvertOptions(sparsity=0.5, recall=PIPELINE_RECALL, group_size=64, mode="threshold",
+                               tokens=1024, threads=2,
+                               train=TrainConfig(recall=PIPELINE_RECALL, ranks=(32, 64), epochs=2))
+
+
+@pytest.fixture(scope="session")
+def pipeline_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pipeline")
+
+
+@pytest.fixture(scope="session")
+def profile(pipeline_dir: Path, model_path: Path) -> Profile:
+    return run_profile(model_path, default_corpus("profile"), pipeline_dir / "profile", n_tokens=1024,
+                       threads=2)
+
+
+@pytest.fixture(scope="session")
+def converted(pipeline_dir: Path, model_path: Path, profile: Profile) -> ConvertResult:
+    return convert(model_path, pipeline_dir / "kx.gguf", default_corpus("profile"), PIPELINE_OPTS,
+                   profile_dir=profile.dir)

@@ -2,17 +2,14 @@
 same tree, (e) seeded sampling reproducible, plus streaming, logits, timings, lifetime."""
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import find_tool
 
-from kairox_py import KairoxError, Model, SamplingParams, _lib
+from kairox_py import KairoxError, Model, SamplingParams
 
 # long enough to span several n_batch chunks, so chunked prompt decoding is compared too
 PROMPT = ("The history of the printing press begins in the fifteenth century, when "
@@ -25,20 +22,7 @@ THREADS = 2
 
 
 def find_llama_completion() -> Path | None:
-    """llama-completion built from the same tree as the loaded library, preferring the
-    one next to it (build dir), then the environment's scripts, then PATH, then build/dev."""
-    lib_path = _lib.lib().path
-    dirs = [lib_path.parent / "bin", Path(sysconfig.get_path("scripts")),
-            Path(sys.executable).parent]
-    which = shutil.which("llama-completion")
-    if which:
-        dirs.append(Path(which).parent)
-    dirs.append(REPO / "build" / "dev" / "bin")
-    for d in dirs:
-        exe = d / "llama-completion"
-        if exe.is_file():
-            return exe
-    return None
+    return find_tool("llama-completion")
 
 
 def test_greedy_matches_llama_completion(model_path: Path, model: Model) -> None:

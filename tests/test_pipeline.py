@@ -15,35 +15,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PIPELINE_OPTS as OPTS
+from conftest import PIPELINE_RECALL as RECALL
 from gguf import GGUFReader, GGUFWriter
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py import format as fmt
-from kairox_py.convert import ConvertOptions, ConvertResult, convert
+from kairox_py.convert import ConvertResult, convert
 from kairox_py.corpus import default_corpus
-from kairox_py.predictor import TrainConfig
-from kairox_py.profile import Profile, run_profile
+from kairox_py.profile import Profile
 
-RECALL = 0.9
-OPTS = ConvertOptions(sparsity=0.5, recall=RECALL, group_size=64, mode="threshold", tokens=1024,
-                      threads=2, train=TrainConfig(recall=RECALL, ranks=(32, 64), epochs=2))
+# the session's conversion (fixtures `pipeline_dir`, `profile`, `converted`) lives in conftest.py,
+# shared with the sparse-engine tests
 
 
 @pytest.fixture(scope="session")
-def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("pipeline")
-
-
-@pytest.fixture(scope="session")
-def profile(work: Path, model_path: Path) -> Profile:
-    return run_profile(model_path, default_corpus("profile"), work / "profile", n_tokens=1024,
-                       threads=2)
-
-
-@pytest.fixture(scope="session")
-def converted(work: Path, model_path: Path, profile: Profile) -> ConvertResult:
-    return convert(model_path, work / "kx.gguf", default_corpus("profile"), OPTS,
-                   profile_dir=profile.dir)
+def work(pipeline_dir: Path) -> Path:
+    return pipeline_dir
 
 
 # ---- profile -------------------------------------------------------------------------
