@@ -268,7 +268,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     if not (VENDOR / ".git").exists():
         raise PatchError(f"{VENDOR} does not exist")
-    if is_dirty():
+    if is_dirty() and not args.committed:
         git("add", "-A", ".")
         count = int(git("rev-list", "--count", f"{TAG}..HEAD").strip())
         if args.message or count == 0:
@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("export", help="vendor edits -> patches/")
     e.add_argument("-m", "--message", help="commit uncommitted edits as a new patch with this message"
                    " (default: fold them into the last patch)")
+    e.add_argument("--committed", action="store_true",
+                   help="export the vendor commits only; leave uncommitted edits where they are")
     sub.add_parser("check", help="fail when vendor tree and patches/ disagree")
     sub.add_parser("status", help="show patch commits and uncommitted edits")
     args = ap.parse_args(argv)
