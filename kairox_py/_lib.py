@@ -242,6 +242,44 @@ class kairox_params(Structure):
         ("threshold_scale", c_float),  # multiplies calibrated thresholds; <= 0: 1
         ("max_sparse_tokens", c_uint32),  # ubatches up to this size run sparse; 0: default
         ("stats", c_bool),  # count active neurons per layer
+        # version 2: the hybrid runtime
+        ("vram_budget_gib", c_float),  # > 0: device cache of neuron groups under this budget; 0: CPU only
+        ("policy", c_int32),  # enum kairox_balancer_policy of the device cache
+        ("lambda_init", c_float),  # TAM decay at start (fixed for tam_fixed); <= 0: the balancer's default
+        ("deterministic", c_bool),  # no timing feedback: lambda fixed, same tokens run to run
+    ]
+
+
+class kairox_hybrid_layer_stats(Structure):
+    _fields_ = [
+        ("n_groups", c_int32),
+        ("n_slots", c_int32),  # the layer's share of the budget, in groups
+        ("n_resident", c_int32),
+        ("n_io_bound", c_int32),  # steps whose reloads took longer than the CPU half
+        ("n_steps", c_int64),
+        ("n_loads", c_int64),
+        ("n_evicts", c_int64),
+        ("bytes_reloaded", c_int64),
+        ("n_active", c_int64),  # predicted-active (neuron, token) pairs
+        ("n_active_dev", c_int64),  # of those, resident (computed from the device cache)
+        ("n_dev_computed", c_int64),  # pairs the device half's down projection computed
+        ("t_io_us", c_double),
+        ("t_cpu_us", c_double),
+        ("lambda_now", c_float),  # the decay at the last step
+    ]
+
+
+class kairox_hybrid_info(Structure):
+    _fields_ = [
+        ("group_size", c_int32),
+        ("policy", c_int32),
+        ("deterministic", c_int32),
+        ("n_slots", c_int32),
+        ("n_groups", c_int32),
+        ("budget_bytes", c_int64),
+        ("dense_bytes", c_int64),
+        ("cache_bytes", c_int64),
+        ("device", ctypes.c_char * 64),
     ]
 
 
@@ -309,6 +347,8 @@ STRUCTS: dict[str, type[Structure]] = {
         kairox_layer_stats,
         kairox_op_time,
         kairox_balancer_params,
+        kairox_hybrid_layer_stats,
+        kairox_hybrid_info,
     )
 }
 
@@ -342,6 +382,17 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
     ("kairox_get_layer_stats", [llama_context_p, POINTER(kairox_layer_stats), c_int32], c_int32),
     # void kairox_reset_stats(struct llama_context * ctx);
     ("kairox_reset_stats", [llama_context_p], None),
+    # --- hybrid runtime ---
+    # int32_t kairox_hybrid_get_info(const struct llama_context * ctx, struct kairox_hybrid_info * out);
+    ("kairox_hybrid_get_info", [llama_context_p, POINTER(kairox_hybrid_info)], c_int32),
+    # int32_t kairox_hybrid_get_stats(const struct llama_context * ctx, struct kairox_hybrid_layer_stats * out, int32_t n_max);
+    ("kairox_hybrid_get_stats", [llama_context_p, POINTER(kairox_hybrid_layer_stats), c_int32], c_int32),
+    # int32_t kairox_hybrid_get_lambda_trace(const struct llama_context * ctx, int32_t layer, float * out, int32_t n_max);
+    ("kairox_hybrid_get_lambda_trace", [llama_context_p, c_int32, POINTER(c_float), c_int32], c_int32),
+    # int64_t kairox_hybrid_get_resident(const struct llama_context * ctx, int32_t layer, uint8_t * mask, int64_t n_max);
+    ("kairox_hybrid_get_resident", [llama_context_p, c_int32, POINTER(ctypes.c_uint8), c_int64], c_int64),
+    # void kairox_hybrid_reset_stats(struct llama_context * ctx);
+    ("kairox_hybrid_reset_stats", [llama_context_p], None),
     # bool kairox_set_op_timing(struct llama_context * ctx, bool enable);
     ("kairox_set_op_timing", [llama_context_p, c_bool], c_bool),
     # int32_t kairox_get_op_times(const struct llama_context * ctx, struct kairox_op_time * out, int32_t n_max);

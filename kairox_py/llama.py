@@ -25,6 +25,7 @@ import numpy as np
 
 from . import _lib
 from .errors import KairoxError
+from .hybrid import POLICIES, HybridInfo, HybridLayerStats
 
 GGUF_MAGIC = b"GGUF"
 
@@ -356,6 +357,15 @@ class ContextParams:
     max_sparse_tokens: int = 0
     #: count active neurons per layer (Session.layer_stats)
     stats: bool = False
+    #: hybrid runtime: > 0 keeps a device cache of neuron groups under this many GiB of weights
+    #: (dense parts first); 0: CPU only. Needs predictor mode and a converted model.
+    vram_budget_gib: float = 0.0
+    #: the cache's balancer policy (kairox_py.hybrid.POLICIES)
+    policy: str = "tam"
+    #: TAM's decay at start (fixed for "tam-t"); <= 0: the balancer's default (0.5)
+    lambda_init: float = 0.0
+    #: no timing feedback: lambda stays fixed, so the same prompt gives the same tokens
+    deterministic: bool = False
     #: record FFN inputs/hidden activations of every decode (kairox profile)
     profiler: Profiler | None = field(default=None, compare=False)
 
@@ -372,6 +382,12 @@ class ContextParams:
             raise KairoxError(f"pred_threshold must be in [0, 1), got {self.pred_threshold}")
         if self.max_sparse_tokens < 0:
             raise KairoxError("max_sparse_tokens must be >= 0")
+        if not (self.vram_budget_gib >= 0 and math.isfinite(self.vram_budget_gib)):
+            raise KairoxError(f"vram_budget_gib must be >= 0, got {self.vram_budget_gib}")
+        if self.policy not in POLICIES:
+            raise KairoxError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if not (0 <= self.lambda_init < 1):
+            raise KairoxError(f"lambda_init must be in [0, 1), got {self.lambda_init}")
 
 
 @dataclass(frozen=True)
@@ -445,6 +461,10 @@ def _create_context(model: Model, params: ContextParams) -> int:
     kp.pred_threshold = params.pred_threshold
     kp.max_sparse_tokens = params.max_sparse_tokens
     kp.stats = params.stats
+    kp.vram_budget_gib = params.vram_budget_gib
+    kp.policy = POLICIES[params.policy]
+    kp.lambda_init = params.lambda_init
+    kp.deterministic = params.deterministic
     lib.log.take_errors()
     ctx = lib.kairox_init_from_model(model.ptr, cp, ctypes.byref(kp))
     if not ctx:
@@ -624,6 +644,43 @@ class Session:
 
     def reset_stats(self) -> None:
         self._lib.kairox_reset_stats(self.ptr)
+
+    def hybrid_info(self) -> HybridInfo | None:
+        """Placement of the hybrid runtime (None: this context runs CPU only)."""
+        c = _lib.kairox_hybrid_info()
+        if int(self._lib.kairox_hybrid_get_info(self.ptr, ctypes.byref(c))) < 0:
+            return None
+        return HybridInfo.from_c(c)
+
+    def hybrid_stats(self) -> list[HybridLayerStats]:
+        """Per-layer device cache statistics since the last reset (hybrid runtime only)."""
+        n = self.model.n_layer
+        buf = (_lib.kairox_hybrid_layer_stats * n)()
+        got = int(self._lib.kairox_hybrid_get_stats(self.ptr, buf, n))
+        if got < 0:
+            raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib > 0))")
+        return [HybridLayerStats.from_c(s) for s in buf[:got]]
+
+    def lambda_trace(self, layer: int) -> np.ndarray:
+        """The layer's decay lambda after each step since the last reset."""
+        n = int(self._lib.kairox_hybrid_get_lambda_trace(self.ptr, layer, None, 0))
+        if n < 0:
+            raise KairoxError(f"no hybrid runtime, or no layer {layer}")
+        out = np.zeros(n, dtype=np.float32)
+        self._lib.kairox_hybrid_get_lambda_trace(self.ptr, layer, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n)
+        return out
+
+    def resident_groups(self, layer: int) -> np.ndarray:
+        """Which of the layer's neuron groups the device cache holds now (bool per group)."""
+        n = int(self._lib.kairox_hybrid_get_resident(self.ptr, layer, None, 0))
+        if n < 0:
+            raise KairoxError(f"no hybrid runtime, or no layer {layer}")
+        out = np.zeros(n, dtype=np.uint8)
+        self._lib.kairox_hybrid_get_resident(self.ptr, layer, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n)
+        return out.astype(bool)
+
+    def reset_hybrid_stats(self) -> None:
+        self._lib.kairox_hybrid_reset_stats(self.ptr)
 
     def set_op_timing(self, enable: bool = True) -> None:
         """Time every graph node of the CPU backend (for `op_times`); costs a clock read per node."""

@@ -7,6 +7,7 @@ import click
 from rich.table import Table
 
 from .. import _lib
+from ..hybrid import POLICIES
 from ..llama import Model, SamplingParams, Session, default_threads
 from ._common import resolve_model, stderr_console
 
@@ -38,11 +39,23 @@ CTX_ROUND = 256  # automatic context sizes are rounded up to this
               help="Sparse FFN mode (auto: the model's own; dense for a plain GGUF).")
 @click.option("--threshold-scale", type=click.FloatRange(0.0, min_open=True), default=1.0,
               show_default=True, help="Multiply the calibrated sparsity thresholds.")
-@click.option("--stats", is_flag=True, help="Print the active share of FFN neurons per layer.")
+@click.option("--vram-budget", "vram_budget", type=click.FloatRange(min=0.0), default=0.0,
+              show_default=True,
+              help="Hybrid runtime: GiB of weights the device holds (dense parts first, then a "
+                   "neuron-group cache); 0 = CPU only. Runs predictor mode.")
+@click.option("--policy", type=click.Choice(list(POLICIES)), default="tam", show_default=True,
+              help="Hybrid runtime: the cache's balancer policy (tam-t: TAM with a fixed lambda).")
+@click.option("--lambda", "lambda_init", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
+              help="Hybrid runtime: TAM's decay at start (0: the default, 0.5).")
+@click.option("--deterministic", is_flag=True,
+              help="Hybrid runtime: no timing feedback (fixed lambda, same tokens run to run).")
+@click.option("--stats", is_flag=True,
+              help="Print the active share of FFN neurons per layer (and the hybrid cache's stats).")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log on stderr.")
 def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int | None,
         temp: float, top_k: int, top_p: float, chat: bool, n_ctx: int, batch_size: int,
-        ignore_eos: bool, dense: bool, mode: str, threshold_scale: float, stats: bool,
+        ignore_eos: bool, dense: bool, mode: str, threshold_scale: float, vram_budget: float,
+        policy: str, lambda_init: float, deterministic: bool, stats: bool,
         verbose: bool) -> None:
     """Generate text after PROMPT with MODEL (a GGUF file; default: SmolLM2-135M-Instruct,
     downloaded on first use). The text streams to stdout; a speed table follows on stderr."""
@@ -67,13 +80,21 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
         if dense and mode not in ("auto", "dense"):
             raise click.UsageError("--dense and --mode contradict each other")
         mode = "dense" if dense else mode
+        if vram_budget > 0:
+            if mode not in ("auto", "predictor"):
+                raise click.UsageError("--vram-budget runs the hybrid runtime, which needs predictor mode")
+            mode = "predictor"
         stats = stats and m.has_sparsity and mode != "dense"
         with m.session(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads, mode=mode,
-                       threshold_scale=threshold_scale, stats=stats) as session:
+                       threshold_scale=threshold_scale, stats=stats, vram_budget_gib=vram_budget,
+                       policy=policy, lambda_init=lambda_init,
+                       deterministic=deterministic) as session:
             _stream(session, tokens, n_predict, sampling)
             console.print(_speed_table(session, len(tokens)))
             if stats:
                 console.print(_stats_table(session))
+                if session.hybrid_info() is not None:
+                    console.print(_hybrid_table(session))
 
 
 def _stream(session: Session, tokens: list[int], n_predict: int,
@@ -97,6 +118,27 @@ def _stats_table(session: Session) -> Table:
     for i, st in enumerate(session.layer_stats()):
         table.add_row(str(i), str(st.calls), f"{100 * st.active_fraction:.1f}%",
                       "-" if st.predicted < 0 else f"{100 * st.predicted_fraction:.1f}%")
+    return table
+
+
+def _hybrid_table(session: Session) -> Table:
+    """What the device cache did per layer: hits, reloads, time, lambda."""
+    info = session.hybrid_info()
+    assert info is not None
+    gib = 1 << 30
+    table = Table(title=f"hybrid runtime ({info.device}, policy {info.policy}): budget "
+                        f"{info.budget_bytes / gib:.3f} GiB = dense {info.dense_bytes / gib:.3f} "
+                        f"+ cache {info.cache_bytes / gib:.3f} GiB, {info.n_slots}/{info.n_groups} "
+                        f"groups of {info.group_size}", title_justify="left")
+    for col in ("layer", "slots", "hit rate", "loads", "MiB reloaded", "io ms", "cpu ms",
+                "io-bound", "lambda"):
+        table.add_column(col, justify="right")
+    for i, st in enumerate(session.hybrid_stats()):
+        table.add_row(str(i), f"{st.n_slots}/{st.n_groups}",
+                      "-" if not st.active else f"{100 * st.hit_rate:.1f}%", str(st.loads),
+                      f"{st.bytes_reloaded / (1 << 20):.2f}", f"{st.t_io_us / 1000:.1f}",
+                      f"{st.t_cpu_us / 1000:.1f}", f"{st.io_bound_steps}/{st.steps}",
+                      f"{st.lambda_now:.3f}")
     return table
 
 

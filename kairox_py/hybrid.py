@@ -1,0 +1,80 @@
+"""Hybrid runtime statistics: what the device neuron-group cache did, per layer.
+
+The runtime itself lives in the library (llama-kairox-hybrid.cpp); a Session created with
+ContextParams(vram_budget_gib > 0) runs it. These objects are the Python side of
+kairox_hybrid_get_info / kairox_hybrid_get_stats, kept apart from llama.py so that the
+table `kairox run --stats` prints and the tests read the same numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _lib
+
+#: CLI/ContextParams policy names -> enum kairox_balancer_policy (`tam-t`: TAM, fixed lambda)
+POLICIES: dict[str, int] = {
+    "static": _lib.KAIROX_BALANCER_STATIC,
+    "lru": _lib.KAIROX_BALANCER_LRU,
+    "lfu": _lib.KAIROX_BALANCER_LFU,
+    "topk": _lib.KAIROX_BALANCER_TOPK,
+    "eager": _lib.KAIROX_BALANCER_EAGER,
+    "tam": _lib.KAIROX_BALANCER_TAM,
+    "tam-t": _lib.KAIROX_BALANCER_TAM_FIXED,
+}
+
+
+@dataclass(frozen=True)
+class HybridInfo:
+    """Placement under the VRAM budget, fixed when the context was created."""
+
+    device: str
+    group_size: int
+    policy: str
+    deterministic: bool
+    n_slots: int  # group slots of all layers (the cache's capacity)
+    n_groups: int  # groups of all layers
+    budget_bytes: int
+    dense_bytes: int  # attention, norms, embeddings/output, predictors: placed first
+    cache_bytes: int  # the neuron-group cache (slots, index maps, skip masks)
+
+    @classmethod
+    def from_c(cls, c: _lib.kairox_hybrid_info) -> HybridInfo:
+        policy = next((k for k, v in POLICIES.items() if v == c.policy), str(c.policy))
+        return cls(c.device.decode(), c.group_size, policy, bool(c.deterministic), c.n_slots,
+                   c.n_groups, c.budget_bytes, c.dense_bytes, c.cache_bytes)
+
+
+@dataclass(frozen=True)
+class HybridLayerStats:
+    """One layer's cache since the last reset. Active pairs are (neuron, token) pairs the
+    predictor selected; the device half computes those whose group is resident, the CPU the rest."""
+
+    n_groups: int
+    n_slots: int
+    n_resident: int
+    steps: int
+    loads: int
+    evicts: int
+    bytes_reloaded: int
+    active: int
+    active_dev: int
+    dev_computed: int  # pairs the device half's down projection computed
+    io_bound_steps: int
+    t_io_us: float
+    t_cpu_us: float
+    lambda_now: float
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of predicted-active pairs served from the device cache."""
+        return self.active_dev / self.active if self.active else float("nan")
+
+    @property
+    def bytes_per_step(self) -> float:
+        return self.bytes_reloaded / self.steps if self.steps else 0.0
+
+    @classmethod
+    def from_c(cls, s: _lib.kairox_hybrid_layer_stats) -> HybridLayerStats:
+        return cls(s.n_groups, s.n_slots, s.n_resident, s.n_steps, s.n_loads, s.n_evicts,
+                   s.bytes_reloaded, s.n_active, s.n_active_dev, s.n_dev_computed, s.n_io_bound,
+                   s.t_io_us, s.t_cpu_us, s.lambda_now)

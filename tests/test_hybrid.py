@@ -1,0 +1,192 @@
+"""Hybrid runtime on the CPU stand-in device, on the real default model (converted).
+
+The device cache, the balancer and the split FFN run exactly as they would with a GPU; the
+stand-in only changes where the cache's bytes live. So everything here is a property of the
+runtime itself: same tokens as the CPU-only sparse path, budgets respected, each neuron
+computed once, deterministic mode reproducible.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kairox_py import KairoxError, Model
+from kairox_py.hybrid import POLICIES
+from kairox_py.llama import ContextParams
+
+PROMPT = "A short note on how tides work:"
+N_GEN = 24
+GIB = float(1 << 30)
+
+
+def _greedy(path: Path, n: int = N_GEN, **kw: object) -> tuple[list[int], np.ndarray]:
+    """Greedy tokens and the logits of each step (predictor mode, 2 threads, deterministic unless
+    told otherwise)."""
+    kw.setdefault("deterministic", True)
+    with Model(path) as m, m.session(ContextParams(n_ctx=256, n_threads=2, mode="predictor", **kw)) as s:  # type: ignore[arg-type]
+        s.decode(m.tokenize(PROMPT))
+        toks, logits = [], []
+        for _ in range(n):
+            lg = s.logits()
+            logits.append(lg.copy())
+            toks.append(int(lg.argmax()))
+            s.decode([toks[-1]])
+        return toks, np.array(logits)
+
+
+@pytest.fixture(scope="module")
+def kx_model(converted) -> Path:  # type: ignore[no-untyped-def]
+    return Path(converted.output)
+
+
+@pytest.fixture(scope="module")
+def sizes(kx_model: Path) -> tuple[float, float]:
+    """(dense parts, whole cache) in bytes, from a context where everything is resident."""
+    with Model(kx_model) as m, m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=64.0)) as s:
+        info = s.hybrid_info()
+        assert info is not None and info.n_slots == info.n_groups  # all resident
+        return float(info.dense_bytes), float(info.cache_bytes)
+
+
+def _budget(sizes: tuple[float, float], share: float) -> float:
+    dense, cache = sizes
+    return (dense + share * cache) / GIB
+
+
+@pytest.fixture(scope="module")
+def cpu_reference(kx_model: Path) -> tuple[list[int], np.ndarray]:
+    return _greedy(kx_model)
+
+
+@pytest.mark.parametrize("share", [0.1, 0.4, 1.0])
+@pytest.mark.parametrize("policy", ["static", "lru", "topk", "eager", "tam", "tam-t"])
+def test_same_tokens_as_cpu_sparse(kx_model: Path, sizes, cpu_reference, policy: str,  # type: ignore[no-untyped-def]
+                                   share: float) -> None:
+    """The bar: identical greedy tokens to the CPU-only sparse path in deterministic mode, for
+    every policy at three budgets. Deterministic mode sums each half's down projection in double
+    and rounds once after the merge, so the logits are the same bits wherever neurons live."""
+    ref_toks, ref_logits = cpu_reference
+    toks, logits = _greedy(kx_model, vram_budget_gib=_budget(sizes, share), policy=policy)
+    assert toks == ref_toks
+    np.testing.assert_array_equal(logits, ref_logits)
+
+
+def test_budget_is_respected_and_neurons_are_computed_once(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
+    budget = _budget(sizes, 0.3)
+    with Model(kx_model) as m:
+        tokens = m.tokenize(PROMPT + " The moon pulls the water towards it, and")
+        kw = dict(n_ctx=256, n_batch=64, mode="predictor", stats=True, max_sparse_tokens=64, deterministic=True)
+        with m.session(ContextParams(**kw)) as s:  # type: ignore[arg-type]
+            s.decode(tokens)
+            cpu_only = [st.active for st in s.layer_stats()]
+        with m.session(ContextParams(vram_budget_gib=budget, policy="tam", **kw)) as s:  # type: ignore[arg-type]
+            info = s.hybrid_info()
+            assert info is not None
+            assert info.dense_bytes + info.cache_bytes <= info.budget_bytes
+            assert 0 < info.n_slots < info.n_groups
+            s.decode(tokens)
+            cpu_half = [st.active for st in s.layer_stats()]
+            hs = s.hybrid_stats()
+            for il, st in enumerate(hs):
+                resident = s.resident_groups(il)
+                assert resident.sum() == st.n_resident <= st.n_slots
+                assert st.steps == 1 and st.active_dev <= st.active
+                assert st.bytes_reloaded == st.loads * (st.bytes_reloaded // max(st.loads, 1))
+            # the device computed some neurons, the CPU the rest, none twice (a batch of tokens,
+            # each with its own mask; deterministic mode: every layer sees the same input bits)
+            dev = [st.dev_computed for st in hs]
+            assert sum(dev) > 0 and sum(cpu_half) > 0
+            assert [c + d for c, d in zip(cpu_half, dev)] == cpu_only
+
+
+def test_static_never_moves_and_tam_does(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
+    budget = _budget(sizes, 0.3)
+    for policy, moves in (("static", False), ("tam", True)):
+        with Model(kx_model) as m, m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget,
+                                                           policy=policy, deterministic=True)) as s:
+            s.decode(m.tokenize(PROMPT))
+            for t in m.tokenize(" the sea rises twice a day because the moon and the sun pull on it"):
+                s.decode([t])
+            loads = sum(st.loads for st in s.hybrid_stats())
+            assert (loads > 0) == moves, policy
+
+
+def test_deterministic_mode_repeats_and_feedback_moves_lambda(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
+    budget = _budget(sizes, 0.3)
+    a, _ = _greedy(kx_model, vram_budget_gib=budget, policy="tam")
+    b, _ = _greedy(kx_model, vram_budget_gib=budget, policy="tam")
+    assert a == b
+    with Model(kx_model) as m:
+        with m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy="tam",
+                                     deterministic=True, lambda_init=0.7)) as s:
+            s.decode(m.tokenize(PROMPT))
+            for _ in range(8):
+                s.decode([int(s.logits().argmax())])
+            assert np.all(s.lambda_trace(3) == pytest.approx(0.7))
+        with m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy="tam")) as s:
+            s.decode(m.tokenize(PROMPT))
+            for _ in range(16):
+                s.decode([int(s.logits().argmax())])
+            for il in range(m.n_layer):
+                tr = s.lambda_trace(il)
+                st = s.hybrid_stats()[il]
+                if st.n_slots == 0:
+                    continue
+                # measured feedback every step after the first: lambda moves, within its bounds
+                assert len(tr) == st.steps and np.all((tr > 0) & (tr < 1))
+                assert len(set(np.round(tr, 6))) > 1
+
+
+def test_zero_budget_is_the_cpu_path(kx_model: Path, cpu_reference) -> None:  # type: ignore[no-untyped-def]
+    toks, logits = _greedy(kx_model, vram_budget_gib=0.0)
+    assert toks == cpu_reference[0]
+    np.testing.assert_array_equal(logits, cpu_reference[1])
+    with Model(kx_model) as m, m.session(ContextParams(n_ctx=64, mode="predictor")) as s:
+        assert s.hybrid_info() is None
+        with pytest.raises(KairoxError, match="no hybrid runtime"):
+            s.hybrid_stats()
+
+
+def test_budget_too_small_and_wrong_mode_are_clear_errors(kx_model: Path, model_path: Path) -> None:
+    with Model(kx_model) as m:
+        with pytest.raises(KairoxError, match="below what the dense parts need"):
+            m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=0.001))
+        with pytest.raises(KairoxError, match="needs predictor mode"):
+            m.session(ContextParams(n_ctx=64, mode="threshold", vram_budget_gib=1.0))
+        with pytest.raises(KairoxError, match="policy must be one of"):
+            m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=1.0, policy="fifo"))
+    with Model(model_path) as m, pytest.raises(KairoxError, match="no Kairox sparsity data"):
+        m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=1.0))
+
+
+def test_closing_mid_generation(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
+    """Stopping a generation between steps (reloads issued) and freeing the context is clean;
+    a new context on the same model starts from the initial placement again."""
+    budget = _budget(sizes, 0.2)
+    with Model(kx_model) as m:
+        for _ in range(3):
+            s = m.session(ContextParams(n_ctx=128, mode="predictor", vram_budget_gib=budget, policy="eager"))
+            gen = s.generate(m.tokenize(PROMPT), 32)
+            for i, _piece in enumerate(gen):
+                if i == 5:
+                    break
+            gen.close()
+            assert sum(st.loads for st in s.hybrid_stats()) > 0
+            s.close()
+
+
+def test_policy_names_match_the_cli() -> None:
+    assert set(POLICIES) >= {"static", "lru", "topk", "eager", "tam", "tam-t"}
+
+
+def test_cli_run_hybrid_stats(run_cli, kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("run", str(kx_model), "-p", "Tides are", "-n", "8", "-t", "2",
+                "--vram-budget", f"{_budget(sizes, 0.3):.4f}", "--policy", "tam", "--stats")
+    assert r.returncode == 0, r.stderr
+    assert "hybrid runtime (CPU stand-in, policy tam)" in r.stderr
+    assert "hit rate" in r.stderr
+    r = run_cli("run", str(kx_model), "-p", "Tides are", "-n", "4", "--vram-budget", "0.0001")
+    assert r.returncode != 0 and "below what the dense parts need" in r.stderr
+    assert "Traceback" not in r.stderr
