@@ -234,6 +234,13 @@ class SimConfig:
     kind: str = "predicted"  # which trace masks the runtime computes: predicted | active
     group_size: int = 0  # 0: the trace's (Kairox GGUF's)
     deadband_us: float = 0.5  # stalls shorter than this give no feedback
+    # per-layer resident groups, overriding `budget` (the hybrid runtime apportions its VRAM
+    # across layers by activation mass, not uniformly)
+    slots: tuple[int, ...] = ()
+    # where layer 0's decision comes from: "prefetch" = the previous step's layer-0 pattern
+    # (loaded during sampling, the live pipeline); "current" = the step's own prediction
+    # (the runtime plans layer 0 right after its own predictor, as the CPU stand-in does)
+    layer0: str = "prefetch"
 
     @property
     def policy(self) -> str:
@@ -339,9 +346,16 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
     """Replay every sequence of `data` through a fresh balancer of cfg's policy."""
     if cfg.mode not in MODES:
         raise KairoxError(f"unknown pipeline mode '{cfg.mode}' (one of {', '.join(MODES)})")
+    if cfg.layer0 not in ("prefetch", "current"):
+        raise KairoxError(f"unknown layer-0 decision source '{cfg.layer0}' (prefetch or current)")
     L, gs = cost.n_layer, data.group_size
     n_groups = data.trace.n_ff // gs
-    K = int(round(cfg.budget * n_groups))
+    if cfg.slots:
+        if len(cfg.slots) != L or any(not 0 <= k <= n_groups for k in cfg.slots):
+            raise KairoxError(f"slots: need {L} per-layer counts in [0, {n_groups}]")
+        budgets = [int(k) for k in cfg.slots]
+    else:
+        budgets = [int(round(cfg.budget * n_groups))] * L
     n_tok = sum(c.shape[0] for c in data.counts)
     rec = {k: np.zeros((n_tok, L), dtype=np.float32)
            for k in ("cpu", "io", "ios", "cpus", "rows", "gpu", "loads", "late", "lam")}
@@ -349,7 +363,7 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
     token_us = np.zeros(n_tok)
     freq = data.group_freq().astype(np.float32).reshape(-1)
     clock = _Clock(cost, cfg.mode)
-    with Balancer([n_groups] * L, [K] * L, cfg.balancer, freq) as bal:
+    with Balancer([n_groups] * L, budgets, cfg.balancer, freq) as bal:
         res = np.empty(L * n_groups, dtype=np.uint8)
         prev = np.empty_like(res)
         scores = np.zeros(L * n_groups, dtype=np.float32)
@@ -365,7 +379,8 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
             # decision inputs: layers >= 1 from the step's own adjacent prediction; layer 0
             # from the previous step's layer-0 pattern (prefetched during sampling)
             decide = inten.copy()
-            decide[1:, 0] = inten[:-1, 0]
+            if cfg.layer0 == "prefetch":
+                decide[1:, 0] = inten[:-1, 0]
             decide = decide.reshape(len(inten), -1)
             cf = counts.astype(np.float32)
             for t in range(counts.shape[0]):

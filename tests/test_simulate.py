@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kairox_py.balancer import POLICIES, BalancerConfig
+from kairox_py.errors import KairoxError
 from kairox_py.simulate import (
     DEFAULT_CPU,
     MODES,
@@ -95,6 +96,30 @@ def test_budget_extremes(synth: Trace) -> None:
     assert (full.cpu_us == 0).all()
     empty = simulate(data, cost, SimConfig("pc-low", 0.0, BalancerConfig("topk")))
     assert empty.summary()["hit_rate"] == 0.0 and empty.loads.sum() == 0
+
+
+def test_per_layer_slots_and_layer0_source(synth: Trace) -> None:
+    """slots= overrides the uniform share per layer (the hybrid runtime's apportioning), and
+    layer0='current' decides layer 0 from its own step (the CPU stand-in) instead of the
+    previous step's pattern; other layers do not care."""
+    data = SequenceData(synth, "predicted", GS)
+    cost = CostModel.build(synth, PRESETS["pc-low"], DEFAULT_CPU, GS)
+    n_groups = N_FF // GS
+    k = int(round(0.4 * n_groups))
+    bal = BalancerConfig("tam_fixed")
+    uni = simulate(data, cost, SimConfig("pc-low", 0.4, bal))
+    same = simulate(data, cost, SimConfig("pc-low", 0.0, bal, slots=(k,) * N_LAYER))
+    assert np.array_equal(uni.loads, same.loads) and np.array_equal(uni.gpu_rows, same.gpu_rows)
+    skew = simulate(data, cost, SimConfig("pc-low", 0.4, bal, slots=(0, n_groups, k, 1)))
+    assert (skew.gpu_rows[:, 0] == 0).all() and np.array_equal(skew.gpu_rows[:, 1], skew.rows[:, 1])
+    assert skew.loads[:, :2].sum() == 0
+    cur = simulate(data, cost, SimConfig("pc-low", 0.4, bal, layer0="current"))
+    assert np.array_equal(cur.loads[:, 1:], uni.loads[:, 1:])
+    assert not np.array_equal(cur.loads[:, 0], uni.loads[:, 0])
+    with pytest.raises(KairoxError, match="slots"):
+        simulate(data, cost, SimConfig("pc-low", 0.4, bal, slots=(1, 2)))
+    with pytest.raises(KairoxError, match="layer-0"):
+        simulate(data, cost, SimConfig("pc-low", 0.4, bal, layer0="next"))
 
 
 def test_pcie_fit_matches_table_2() -> None:

@@ -170,8 +170,14 @@ def test_completion_tool_runs_sparse(converted) -> None:  # type: ignore[no-unty
         assert expect in proc.stderr
 
 
-def test_server_serves_kairox_model_sparse(converted, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """llama-server from our tree: an OpenAI-compatible completion request, answered sparse."""
+@pytest.mark.parametrize("extra,expect", [
+    ([], ["Kairox mode = threshold"]),
+    # hybrid runtime: a budget above the dense parts (~54 MiB) leaves a neuron-group cache
+    (["--kx-vram-budget", "0.08", "--kx-policy", "tam"], ["Kairox mode = predictor", "Kairox hybrid (CPU stand-in device)"]),
+], ids=["sparse", "hybrid"])
+def test_server_serves_kairox_model_sparse(converted, tmp_path: Path, extra: list[str], expect: list[str]) -> None:  # type: ignore[no-untyped-def]
+    """llama-server from our tree: an OpenAI-compatible completion request, answered sparse
+    (and in hybrid mode with a VRAM budget)."""
     exe = find_tool("llama-server")
     if exe is None:
         pytest.skip("llama-server not built")
@@ -181,7 +187,8 @@ def test_server_serves_kairox_model_sparse(converted, tmp_path: Path) -> None:  
         port = sock.getsockname()[1]
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen([str(exe), "-m", str(converted.output), "--port", str(port), "--host", "127.0.0.1",
-                             "-t", "2", "-c", "512", "--parallel", "1", "-lv", "4"], stdout=log, stderr=subprocess.STDOUT)
+                             "-t", "2", "-c", "512", "--parallel", "1", "-lv", "4", *extra],
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(120):
@@ -202,4 +209,6 @@ def test_server_serves_kairox_model_sparse(converted, tmp_path: Path) -> None:  
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
-    assert "Kairox mode = threshold" in (tmp_path / "server.log").read_text()
+    text = (tmp_path / "server.log").read_text()
+    for e in expect:
+        assert e in text, text[-3000:]
