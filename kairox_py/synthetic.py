@@ -25,6 +25,10 @@ from . import format as fmt
 from .errors import KairoxError
 
 #: block layouts of the types written here: (elements per block, bytes per block)
+# bumped whenever the weights a given shape/spec produces change, so that cached files are
+# rewritten (2: zero-mean random codes)
+SYNTHETIC_VERSION = 2
+
 _BLOCKS = {QT.Q4_0: (32, 18), QT.Q8_0: (32, 34), QT.F16: (1, 2), QT.F32: (1, 4)}
 _TYPES = {"q4_0": QT.Q4_0, "q8_0": QT.Q8_0, "f16": QT.F16, "f32": QT.F32}
 
@@ -88,9 +92,17 @@ def _random_matrix(rng: np.random.Generator, rows: int, cols: int, qtype: QT, st
         dt = np.float16 if qtype == QT.F16 else np.float32
         return (rng.standard_normal((rows, cols), dtype=np.float32) * std).astype(dt).view(np.uint8)
     nb = cols // per
-    out = rng.integers(0, 256, size=(rows, nb, nbytes), dtype=np.uint8)
-    # the scale: uniform 4-bit codes have std ~4.61 around their offset of 8; int8 codes ~73.6
-    scale = std / (4.61 if qtype == QT.Q4_0 else 73.6)
+    # codes symmetric around zero: uniform 0..15 nibbles (Q4_0 value d (q - 8)) would have mean
+    # -d/2, which adds up over a long dot product (a rank-1024 predictor's logits sat at -2 sigma
+    # and selected nothing); 4-bit codes 1..15 have std ~4.32, int8 codes -127..127 ~73.6
+    out = np.empty((rows, nb, nbytes), dtype=np.uint8)
+    if qtype == QT.Q4_0:
+        lo = rng.integers(1, 16, size=(rows, nb, nbytes - 2), dtype=np.uint8)
+        hi = rng.integers(1, 16, size=(rows, nb, nbytes - 2), dtype=np.uint8)
+        out[:, :, 2:] = lo | (hi << 4)
+    else:
+        out[:, :, 2:] = rng.integers(-127, 128, size=(rows, nb, nbytes - 2), dtype=np.int8).view(np.uint8)
+    scale = std / (4.32 if qtype == QT.Q4_0 else 73.6)
     d = np.full((rows, nb), scale, dtype=np.float16)
     out[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
     return out.reshape(rows, nb * nbytes)

@@ -23,7 +23,7 @@ from ..bench import (
 from ..default_model import cache_dir
 from ..errors import KairoxError
 from ..llama import ContextParams, Model, default_threads
-from ..synthetic import SHAPES, SparseSpec, pred_threshold_for, write_synthetic_llama
+from ..synthetic import SHAPES, SYNTHETIC_VERSION, SparseSpec, pred_threshold_for, write_synthetic_llama
 from ._common import resolve_model, stderr_console
 
 
@@ -156,8 +156,10 @@ def _bench_synthetic(shape: str, density: str, pred_rank: int, pred_type: str, p
     spec = SparseSpec(pred_rank=pred_rank, pred_type=pred_type)
     root = cache_dir() / "synthetic"
     root.mkdir(parents=True, exist_ok=True)
-    dense_path = root / f"{shape}-q4_0-dense.gguf"
-    sparse_path = root / (f"{shape}-q4_0-masks.gguf" if pred_rank == 0 else f"{shape}-q4_0-pred{pred_rank}-{pred_type}.gguf")
+    v = f"v{SYNTHETIC_VERSION}"
+    dense_path = root / f"{shape}-q4_0-dense-{v}.gguf"
+    sparse_path = root / (f"{shape}-q4_0-masks-{v}.gguf" if pred_rank == 0
+                          else f"{shape}-q4_0-pred{pred_rank}-{pred_type}-{v}.gguf")
     for path, sp in ((dense_path, None), (sparse_path, spec)):
         if not path.exists():
             with console.status(f"writing synthetic model {path.name} (random weights, speed only)"):
