@@ -259,7 +259,10 @@ def test_sigint_during_cli_conversion(tmp_path: Path, model_path: Path, converte
     proc = subprocess.Popen([sys.executable, "-m", "kairox_py.cli", "convert", str(model_path),
                              str(out), "--profile", str(converted.profile_dir), "--epochs", "1"],
                             cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a test run started in the background inherits SIGINT ignored,
+                            # and Python keeps an ignored SIGINT ignored: restore the default
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(6)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

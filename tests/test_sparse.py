@@ -84,24 +84,28 @@ def test_every_neuron_active_same_greedy_tokens(model_path: Path, converted_exac
     """Greedy decode, one token at a time through the sparse path, picks dense's tokens except
     where dense itself is at a near tie (top-2 logit margin under 0.3)."""
     n = 32
-    def greedy(path: Path, **kw: object) -> tuple[list[int], list[float]]:
-        with Model(path) as m, m.session(ContextParams(n_ctx=256, n_threads=2, **kw)) as s:
-            s.decode(m.tokenize("The capital of France is"))
-            toks, margins = [], []
-            for _ in range(n):
-                lg = s.logits()
-                top2 = np.sort(lg)[-2:]
-                toks.append(int(lg.argmax()))
-                margins.append(float(top2[1] - top2[0]))
-                s.decode([toks[-1]])
-            return toks, margins
-    dense, margins = greedy(model_path, mode="dense")
-    sparse, _ = greedy(converted_exact.output, mode="threshold", threshold_scale=1e-30)
-    for i in range(n):
-        if margins[i] < 0.3:
-            break  # past a near tie the two continuations may legitimately differ
-        assert sparse[i] == dense[i], (i, dense, sparse)
-    assert i >= 8, "dense hit a near tie too early for the test to mean anything"
+    with Model(model_path) as m, m.session(ContextParams(n_ctx=256, n_threads=2, mode="dense")) as s:
+        prompt = m.tokenize("The capital of France is")
+        s.decode(prompt)
+        dense, margins = [], []
+        for _ in range(n):
+            lg = s.logits()
+            top2 = np.sort(lg)[-2:]
+            dense.append(int(lg.argmax()))
+            margins.append(float(top2[1] - top2[0]))
+            s.decode([dense[-1]])
+    # the sparse path reads dense's tokens (teacher forcing), so one near tie does not end the
+    # comparison: every step where dense has a clear winner must pick the same token
+    with Model(converted_exact.output) as m, \
+            m.session(ContextParams(n_ctx=256, n_threads=2, mode="threshold", threshold_scale=1e-30)) as s:
+        s.decode(prompt)
+        sparse = []
+        for t in dense:
+            sparse.append(int(s.logits().argmax()))
+            s.decode([t])
+    clear = [i for i in range(n) if margins[i] >= 0.3]
+    assert len(clear) >= n // 2, "too many near ties in dense for the test to mean anything"
+    assert all(sparse[i] == dense[i] for i in clear), (dense, sparse, margins)
 
 
 def test_threshold_layer_matches_numpy(converted, model: Model) -> None:  # type: ignore[no-untyped-def]
@@ -152,7 +156,13 @@ def test_batch_agrees_with_token_by_token(converted, tokens) -> None:  # type: i
             s.decode(prompt)
             single = np.stack([(s.decode([t]), s.logits())[1] for t in extra])
     assert batched is not None
-    agree, kl = _compare(single, batched)
+    # top-1 is compared where single-token decoding has a clear winner (margin >= 0.3):
+    # at a near tie, int8-vs-float rounding may legitimately pick the other token
+    top2 = np.sort(single, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) >= 0.3
+    assert clear.sum() >= 3
+    agree, _ = _compare(single[clear], batched[clear])
+    _, kl = _compare(single, batched)
     # a single token's down projection quantizes its coefficients to int8, a batch's stays in
     # float: they agree to the level at which dense and sparse agree (see above)
     assert agree == 1.0 and kl < 0.02, (agree, kl)
