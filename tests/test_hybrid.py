@@ -214,3 +214,34 @@ def test_generation_stopped_mid_decode_then_freed(kx_model: Path) -> None:
     proc = subprocess.run([str(exe), str(kx_model)], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "32/32 stops clean" in proc.stdout
+
+
+def test_loads_land_for_the_next_step(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
+    """The reload worker copies a step's loads while the rest of the token computes: right after
+    a step, the groups it loaded are not resident yet (the CPU still computes them), so a layer
+    with a full cache has n_slots - loads_of_that_step groups bound; deterministic mode waits for
+    its loads, so every slot is bound after every step."""
+    budget = _budget(sizes, 0.3)
+    with Model(kx_model) as m:
+        for det in (False, True):
+            with m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy="topk",
+                                         deterministic=det)) as s:
+                s.decode(m.tokenize(PROMPT))
+                prev = [st.loads for st in s.hybrid_stats()]
+                seen_inflight = 0
+                for _ in range(6):
+                    s.decode([int(s.logits().argmax())])
+                    stats = s.hybrid_stats()
+                    for il, st in enumerate(stats):
+                        if st.n_slots == 0:
+                            continue
+                        step_loads = st.loads - prev[il]
+                        bound = int(s.resident_groups(il).sum())
+                        if det:
+                            assert bound == st.n_slots, (il, bound, st.n_slots)
+                        else:
+                            assert bound == st.n_slots - step_loads, (il, bound, st.n_slots, step_loads)
+                            seen_inflight += step_loads
+                    prev = [st.loads for st in stats]
+                if not det:
+                    assert seen_inflight > 0  # Top-K moves groups every step
