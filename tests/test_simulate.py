@@ -139,6 +139,20 @@ def test_trace_round_trip(synth: Trace) -> None:
     assert (c == m.reshape(synth.n_steps, N_LAYER, -1, GS).sum(axis=3)).all()
 
 
+def test_profile_generate_records_traces(run_cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`kairox profile --generate DIR`: the profile, and decode traces of the prompts' continuations."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Name three rivers of Europe.\nWhy do cats purr?\n")
+    r = run_cli("profile", "-o", str(tmp_path / "prof"), "--tokens", "64", "--ctx", "64", "-t", "2",
+                "--generate", str(tmp_path / "tr"), "--prompts", str(prompts), "--steps", "6")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "prof" / "meta.json").is_file()
+    tr = Trace(tmp_path / "tr")
+    assert tr.meta.n_seq == 2 and tr.meta.n_steps == 6 and tr.mask(0).shape[0] == 6
+    r = run_cli("profile", "-o", str(tmp_path / "p2"), "--kairox", "x.gguf")
+    assert r.returncode == 2 and "--generate" in r.stderr
+
+
 # ---------------------------------------------------------------------------------------
 # the real thing, short: kairox trace (default model) -> kairox simulate
 # ---------------------------------------------------------------------------------------

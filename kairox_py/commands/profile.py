@@ -8,7 +8,9 @@ from rich.table import Table
 
 from ..corpus import load_corpus
 from ..profile import DEFAULT_CTX, DEFAULT_TOKENS, run_profile
+from ..traces import DEFAULT_STEPS, TraceOptions
 from ._common import resolve_model, stderr_console
+from .trace import run_trace
 
 
 @click.command("profile")
@@ -24,10 +26,23 @@ from ._common import resolve_model, stderr_console
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
 @click.option("--sparsity", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.5,
               show_default=True, help="Sparsity for the summary's thresholds.")
+@click.option("--generate", "generate_dir", type=click.Path(file_okay=False), default=None,
+              help="Also record decode traces of generated continuations of the prompt set "
+                   "into this directory (what `kairox trace` records; input for `kairox simulate`).")
+@click.option("--kairox", "kairox_path", type=click.Path(dir_okay=False), default=None,
+              help="With --generate: the Kairox GGUF whose thresholds and predictors define the masks.")
+@click.option("--prompts", "prompts_path", type=click.Path(dir_okay=False), default=None,
+              help="With --generate: prompt file, one per line (default: the project's prompt set).")
+@click.option("--steps", type=click.IntRange(min=2), default=DEFAULT_STEPS, show_default=True,
+              help="With --generate: decode steps per prompt.")
 def profile(model: str | None, out_dir: str, corpus: tuple[str, ...], tokens: int, ctx: int,
-            threads: int | None, sparsity: float) -> None:
+            threads: int | None, sparsity: float, generate_dir: str | None, kairox_path: str | None,
+            prompts_path: str | None, steps: int) -> None:
     """Run MODEL (default: the default model) on text and record per-layer FFN inputs and
-    activations (float16, memory-mapped .npy) plus meta.json in --out."""
+    activations (float16, memory-mapped .npy) plus meta.json in --out; with --generate, also
+    the decode traces of generated continuations (the paper's 256-step sequences)."""
+    if (kairox_path or prompts_path) and not generate_dir:
+        raise click.UsageError("--kairox and --prompts go with --generate")
     console = stderr_console()
     path = resolve_model(model, console)
     text = load_corpus(list(corpus), "profile")
@@ -42,3 +57,6 @@ def profile(model: str | None, out_dir: str, corpus: tuple[str, ...], tokens: in
     table.add_row(str(m.n_tokens), str(m.n_layer), str(m.n_embd), str(m.n_ff), m.activation,
                   f"{thr.min():.4g}/{thr.max():.4g}", f"{m.seconds:.1f}")
     console.print(table)
+    if generate_dir:
+        run_trace(path, Path(generate_dir), kairox_path, prompts_path, None,
+                  TraceOptions(n_steps=steps, threads=threads), console)

@@ -43,13 +43,19 @@ def trace(model: str | None, out_dir: str, kairox_path: str | None, prompts_path
     (bit-packed, memory-mapped) plus meta.json in --out. Input for `kairox simulate`."""
     console = stderr_console()
     path = resolve_model(model, console)
+    opts = TraceOptions(n_steps=steps, chat=not no_chat, temperature=temp, top_p=top_p, seed=seed,
+                        sparsity=sparsity, threads=threads)
+    run_trace(path, Path(out_dir), kairox_path, prompts_path, n_prompts, opts, console)
+
+
+def run_trace(path: Path, out_dir: Path, kairox_path: str | None, prompts_path: str | None,
+              n_prompts: int | None, opts: TraceOptions, console) -> None:  # type: ignore[no-untyped-def]
+    """Record traces and print their summary (shared by `kairox trace` and
+    `kairox profile --generate`)."""
     prompts = load_prompts(prompts_path)
     if n_prompts is not None:
         prompts = prompts[:n_prompts]
-    opts = TraceOptions(n_steps=steps, chat=not no_chat, temperature=temp, top_p=top_p, seed=seed,
-                        sparsity=sparsity, threads=threads)
-    tr = record_traces(path, prompts, Path(out_dir), kairox_path=kairox_path, opts=opts,
-                       console=console)
+    tr = record_traces(path, prompts, out_dir, kairox_path=kairox_path, opts=opts, console=console)
     m = tr.meta
     table = Table(title=f"kairox trace: {tr.dir}", title_justify="left")
     for c in ("sequences", "steps", "layers", "n_ff", "group size", "active", "predicted",
