@@ -245,7 +245,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
             raise KairoxError(f"{cfg.sparse_model} carries no Kairox sparsity data (kairox convert it)")
         if dense_m.n_vocab != sparse_m.n_vocab:
             raise KairoxError("the two models have different vocabularies")
-        prompts = [_encode(dense_m, p, cfg.chat) for p in cfg.prompts]
+        prompts = [dense_m.encode_prompt(p, cfg.chat) for p in cfg.prompts]
         n_ctx = max(len(p) for p in prompts) + cfg.n_predict + cfg.n_draft + 8
         n_ctx = -(-n_ctx // 256) * 256
         sessions = {"dense": dense_m.session(_session_params(cfg, n_ctx, False)),
@@ -281,11 +281,6 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     finally:
         dense_m.close()
         sparse_m.close()
-
-
-def _encode(m: Model, prompt: str, chat: bool) -> list[int]:
-    text = m.apply_chat_template([{"role": "user", "content": prompt}]) if chat and m.chat_template else prompt
-    return m.tokenize(text, add_special=True, parse_special=True)
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,17 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import _lib
+from .balancer import POLICIES as BALANCER_POLICIES
 
-#: CLI/ContextParams policy names -> enum kairox_balancer_policy (`tam-t`: TAM, fixed lambda)
-POLICIES: dict[str, int] = {
-    "static": _lib.KAIROX_BALANCER_STATIC,
-    "lru": _lib.KAIROX_BALANCER_LRU,
-    "lfu": _lib.KAIROX_BALANCER_LFU,
-    "topk": _lib.KAIROX_BALANCER_TOPK,
-    "eager": _lib.KAIROX_BALANCER_EAGER,
-    "tam": _lib.KAIROX_BALANCER_TAM,
-    "tam-t": _lib.KAIROX_BALANCER_TAM_FIXED,
-}
+#: CLI/ContextParams policy names -> enum kairox_balancer_policy: the balancer's own table, with
+#: TAM at a fixed lambda spelled `tam-t` as the hybrid issue and `kairox run --policy` name it
+POLICIES: dict[str, int] = {("tam-t" if k == "tam_fixed" else k): v for k, v in BALANCER_POLICIES.items()}
 
 
 @dataclass(frozen=True)

@@ -266,6 +266,13 @@ class Model:
             cap = -n
         raise KairoxError("detokenization failed")
 
+    def encode_prompt(self, prompt: str, chat: bool) -> list[int]:
+        """Tokens of a user prompt, wrapped in the model's chat template when chat is set and
+        the model has one (what benchmarks, traces and the hybrid comparison all feed)."""
+        text = self.apply_chat_template([{"role": "user", "content": prompt}]) \
+            if chat and self.chat_template else prompt
+        return self.tokenize(text, add_special=True, parse_special=True)
+
     def apply_chat_template(self, messages: Sequence[Message], add_assistant: bool = True,
                             *, template: str | None = None) -> str:
         """Format a conversation with the model's chat template (llama.cpp's built-in
@@ -661,23 +668,22 @@ class Session:
             raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib > 0))")
         return [HybridLayerStats.from_c(s) for s in buf[:got]]
 
-    def lambda_trace(self, layer: int) -> np.ndarray:
-        """The layer's decay lambda after each step since the last reset."""
-        n = int(self._lib.kairox_hybrid_get_lambda_trace(self.ptr, layer, None, 0))
+    def _hybrid_layer_array(self, fn, layer: int, dtype: type, ctype: type) -> np.ndarray:  # type: ignore[no-untyped-def]
+        """A per-layer array of the hybrid runtime: the C call reports its length first."""
+        n = int(fn(self.ptr, layer, None, 0))
         if n < 0:
             raise KairoxError(f"no hybrid runtime, or no layer {layer}")
-        out = np.zeros(n, dtype=np.float32)
-        self._lib.kairox_hybrid_get_lambda_trace(self.ptr, layer, out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), n)
+        out = np.zeros(n, dtype=dtype)
+        fn(self.ptr, layer, out.ctypes.data_as(ctypes.POINTER(ctype)), n)
         return out
+
+    def lambda_trace(self, layer: int) -> np.ndarray:
+        """The layer's decay lambda after each step since the last reset."""
+        return self._hybrid_layer_array(self._lib.kairox_hybrid_get_lambda_trace, layer, np.float32, ctypes.c_float)
 
     def resident_groups(self, layer: int) -> np.ndarray:
         """Which of the layer's neuron groups the device cache holds now (bool per group)."""
-        n = int(self._lib.kairox_hybrid_get_resident(self.ptr, layer, None, 0))
-        if n < 0:
-            raise KairoxError(f"no hybrid runtime, or no layer {layer}")
-        out = np.zeros(n, dtype=np.uint8)
-        self._lib.kairox_hybrid_get_resident(self.ptr, layer, out.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)), n)
-        return out.astype(bool)
+        return self._hybrid_layer_array(self._lib.kairox_hybrid_get_resident, layer, np.uint8, ctypes.c_uint8).astype(bool)
 
     def reset_hybrid_stats(self) -> None:
         self._lib.kairox_hybrid_reset_stats(self.ptr)

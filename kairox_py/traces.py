@@ -333,7 +333,7 @@ def record_traces(model_path: str | os.PathLike[str], prompts: Sequence[str],
         gs = kx.group_size if kx else 32
         if n_ff % 8 or n_ff % gs:
             raise KairoxError(f"FFN width {n_ff} is not a multiple of 8 and of group size {gs}")
-        encoded = [_encode(model, p, opts.chat) for p in prompts]
+        encoded = [model.encode_prompt(p, opts.chat) for p in prompts]
         n_seq, n_steps = len(prompts), opts.n_steps
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -407,12 +407,6 @@ def record_traces(model_path: str | os.PathLike[str], prompts: Sequence[str],
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return Trace(out)
-
-
-def _encode(model: Model, prompt: str, chat: bool) -> list[int]:
-    text = model.apply_chat_template([{"role": "user", "content": prompt}]) \
-        if chat and model.chat_template else prompt
-    return model.tokenize(text, add_special=True, parse_special=True)
 
 
 def _generate(model: Model, prompt: list[int], n_steps: int, opts: TraceOptions, seed: int,

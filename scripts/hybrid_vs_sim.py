@@ -38,7 +38,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kairox_py import format as fmt  # noqa: E402
+from kairox_py.balancer import POLICIES as BALANCER_POLICIES  # noqa: E402
 from kairox_py.balancer import BalancerConfig  # noqa: E402
 from kairox_py.errors import KairoxError  # noqa: E402
 from kairox_py.hybrid import POLICIES  # noqa: E402
@@ -48,6 +48,7 @@ from kairox_py.simulate import DEFAULT_CPU, PRESETS, CostModel, SequenceData, Si
 from kairox_py.traces import TRACE_VERSION, Trace, TraceMeta, model_costs, pack, read_kairox  # noqa: E402
 
 GIB = float(1 << 30)
+BALANCER_NAME = {v: k for k, v in BALANCER_POLICIES.items()}  # enum -> the simulator's policy name
 
 # our own prompts (no third-party text); a user's own go in with --prompts
 PROMPTS = [
@@ -176,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             info = s.hybrid_info()
             assert info is not None
             dense, cache = float(info.dense_bytes), float(info.cache_bytes)
-        encoded = [model.tokenize(model.apply_chat_template([{"role": "user", "content": p}])
-                                  if model.chat_template else p, add_special=True, parse_special=True)
-                   for p in prompts]
+        encoded = [model.encode_prompt(p, chat=True) for p in prompts]
         n_runs = len(prompts) * (1 + len(shares) * len(policies))
         ref_tokens, masks = [], []
         # stats[(share, policy)] = per layer [loads, bytes, active, active_dev, steps], slots
@@ -210,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, per_layer = [], []
     for share in shares:
         for pol in policies:
-            fixed = BalancerConfig(policy="tam_fixed" if pol == "tam-t" else pol)
+            fixed = BalancerConfig(policy=BALANCER_NAME[POLICIES[pol]])
             res = simulate(data, cost, SimConfig(budget=share, balancer=fixed, deadband_us=math.inf,
                                                  slots=slots[share], layer0="current"))
             # drop each sequence's step 0 (the prefill)
