@@ -5,7 +5,8 @@ as much as all its FFNs, so it says little about speed at the sizes the papers u
 synthetic model with LLaMA-2-7B shapes (hidden 4096, FFN 11008, 32 layers, Q4_0) can be
 written on any machine in a minute: its weights are random quantized blocks (no
 quantization pass), and its Kairox data selects a chosen share of the FFN neurons, either
-as a fixed mask ("masks given": a rank-1 all-zero predictor whose bias alone decides) or
+as a fixed mask ("masks given": rank 0 with fixed per-neuron scores, so the graph does no
+predictor work at all; see docs/FORMAT.md) or
 through a real low-rank predictor of a chosen rank and type. The share is chosen at run time
 with the predictor threshold (:func:`pred_threshold_for`), so one file serves every density.
 Its text output is meaningless: speed only.
@@ -173,11 +174,10 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         down_t, pred_up, pred_down = (fmt.TENSOR_DOWN_T % i, fmt.TENSOR_PRED_UP % i, fmt.TENSOR_PRED_DOWN % i)
         mat(down_t + ".weight", f, e, qt, 0.5 / math.sqrt(f))
         if sparse.pred_rank == 0:
-            # masks given: logit = bias = logit(u), u uniform: threshold p keeps a share 1 - p
+            # masks given: rank 0 with fixed scores (only the bias; the graph does no predictor
+            # work), logit = bias = logit(u), u uniform: threshold p keeps a share 1 - p
             u = (rng.permutation(f).astype(np.float64) + 0.5) / f
             bias = np.log(u / (1.0 - u)).astype(np.float32)
-            tensors.append((pred_up + ".weight", 1, e, QT.F32, lambda: _zeros(1, e, QT.F32)))
-            tensors.append((pred_down + ".weight", f, 1, QT.F32, lambda: _zeros(f, 1, QT.F32)))
             const(pred_down + ".bias", bias, QT.F32)
         else:
             # z = W2 relu(W1 x) ~ N(0, 1) for unit-RMS x; the bias puts the wanted share above 0
@@ -211,7 +211,7 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         if sparse is not None:
             w.add_uint32(fmt.KEY_FORMAT_VERSION, fmt.FORMAT_VERSION)
             w.add_string(fmt.KEY_MODE, "predictor")
-            w.add_array(fmt.KEY_PRED_RANK, [max(1, sparse.pred_rank)] * L)
+            w.add_array(fmt.KEY_PRED_RANK, [sparse.pred_rank] * L)
             w.add_float32(fmt.KEY_PRED_THRESHOLD, 0.5)
             w.add_string("general.description", "synthetic, predictor "
                          f"{'rank %d %s' % (sparse.pred_rank, sparse.pred_type) if sparse.pred_rank else 'none (masks given)'}")

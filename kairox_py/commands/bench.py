@@ -158,7 +158,7 @@ def _bench_synthetic(shape: str, density: str, pred_rank: int, pred_type: str, p
     root.mkdir(parents=True, exist_ok=True)
     v = f"v{SYNTHETIC_VERSION}"
     dense_path = root / f"{shape}-q4_0-dense-{v}.gguf"
-    sparse_path = root / (f"{shape}-q4_0-masks-{v}.gguf" if pred_rank == 0
+    sparse_path = root / (f"{shape}-q4_0-static-{v}.gguf" if pred_rank == 0
                           else f"{shape}-q4_0-pred{pred_rank}-{pred_type}-{v}.gguf")
     for path, sp in ((dense_path, None), (sparse_path, spec)):
         if not path.exists():
