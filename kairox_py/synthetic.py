@@ -126,13 +126,19 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
 
 def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = LlamaShape(),
                           wtype: str = "q4_0", sparse: SparseSpec | None = None,
-                          seed: int = 0) -> Path:
-    """Write a random-weight llama GGUF (with Kairox data when `sparse` is given), atomically."""
+                          seed: int = 0, group_size: int = 0) -> Path:
+    """Write a random-weight llama GGUF (with Kairox data when `sparse` is given), atomically.
+
+    group_size > 0 also declares neuron groups of that size (no profiled frequencies), which
+    the hybrid runtime needs; the benchmark files do without.
+    """
     if wtype not in ("q4_0", "q8_0", "f16"):
         raise KairoxError("synthetic weights must be q4_0, q8_0 or f16")
     qt = _TYPES[wtype]
     if shape.n_vocab < 300:
         raise KairoxError("the vocabulary needs at least 300 tokens")
+    if group_size < 0 or (group_size and shape.n_ff % group_size):
+        raise KairoxError(f"group_size must divide n_ff ({shape.n_ff}), got {group_size}")
     out = Path(path)
     if not out.parent.is_dir():
         raise KairoxError(f"output directory does not exist: {out.parent}")
@@ -213,6 +219,8 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
             w.add_string(fmt.KEY_MODE, "predictor")
             w.add_array(fmt.KEY_PRED_RANK, [sparse.pred_rank] * L)
             w.add_float32(fmt.KEY_PRED_THRESHOLD, 0.5)
+            if group_size:
+                w.add_uint32(fmt.KEY_GROUP_SIZE, group_size)
             w.add_string("general.description", "synthetic, predictor "
                          f"{'rank %d %s' % (sparse.pred_rank, sparse.pred_type) if sparse.pred_rank else 'none (masks given)'}")
         for name, rows, cols, t, _ in tensors:
