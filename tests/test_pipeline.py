@@ -170,6 +170,27 @@ def test_profile_is_reused(work: Path, model_path: Path, converted: ConvertResul
         assert not m.has_predictor
 
 
+def test_quantized_predictors(work: Path, model_path: Path, converted: ConvertResult) -> None:
+    """--pred-type q8_0 stores the predictor matrices as Q8_0 blocks, and the library's
+    predicted density still matches the offline one (quantizing them barely moves the logits)."""
+    from gguf import GGMLQuantizationType
+
+    res = convert(model_path, work / "kx-q8p.gguf", default_corpus("profile"),
+                  replace(OPTS, pred_type="q8_0", reorder=False), profile_dir=converted.profile_dir)
+    types = {t.name: t.tensor_type for t in GGUFReader(res.output).tensors}
+    for il, p in enumerate(res.predictors):
+        if p is not None:
+            assert types[fmt.tensor_name(fmt.TENSOR_PRED_UP, il)] == GGMLQuantizationType.Q8_0
+            assert types[fmt.tensor_name(fmt.TENSOR_PRED_DOWN, il)] == GGMLQuantizationType.Q8_0
+    with Model(res.output) as m, m.session(ContextParams(
+            n_ctx=256, n_batch=256, n_ubatch=256, max_sparse_tokens=256, mode="predictor",
+            stats=True, n_threads=2)) as s:
+        s.decode(m.tokenize(default_corpus("eval").text[:3000])[:256], all_logits=True)
+        runtime = np.mean([x.predicted_fraction for x in s.layer_stats()])
+    offline = np.mean([p.density for p in res.predictors if p is not None])
+    assert abs(runtime - offline) < 0.08, (runtime, offline)
+
+
 # ---- bad input ---------------------------------------------------------------------------
 def _no_partial(d: Path) -> None:
     leftovers = [p.name for p in d.iterdir() if ".tmp-" in p.name]
