@@ -47,6 +47,7 @@ DEFAULT_RECALL = 0.95
 DEFAULT_MODE = "threshold"
 DEFAULT_DOWN_TYPE = "q8_0"
 PRED_TYPES = ("f16", "f32", "q8_0", "q4_0")
+_FLOAT_PRED_TYPES = {"f16": np.float16, "f32": np.float32}
 
 
 @dataclass(frozen=True)
@@ -143,8 +144,8 @@ def check_options(opts: ConvertOptions, inp: InputModel) -> None:
         raise KairoxError(f"predictor type must be one of {', '.join(PRED_TYPES)}")
     check_group_size(inp.n_ff, opts.group_size)
     check_quantizable(ggml_type(opts.down_type), inp.n_embd)
-    if opts.pred_type not in ("f16", "f32") and inp.n_embd % 32:
-        raise KairoxError(f"--pred-type {opts.pred_type} needs n_embd a multiple of 32 (it is {inp.n_embd})")
+    if opts.pred_type not in _FLOAT_PRED_TYPES:
+        check_quantizable(ggml_type(opts.pred_type), inp.n_embd, "--pred-type")
 
 
 def check_output(out: Path, inp_path: Path) -> None:
@@ -226,13 +227,11 @@ def _pred_matrix(name: str, w: np.ndarray, pred_type: str) -> _NewTensor:
     """A predictor weight matrix (rows, cols) in its type. Quantized predictors exist because
     on a small model F16 predictors read a third as many bytes per token as the FFN they prune;
     Q8_0 halves that for a negligible change of the logits."""
-    if pred_type in ("f16", "f32"):
-        return _array_tensor(name, w.astype(np.float16 if pred_type == "f16" else np.float32))
+    if pred_type in _FLOAT_PRED_TYPES:
+        return _array_tensor(name, w.astype(_FLOAT_PRED_TYPES[pred_type]))
     qtype = ggml_type(pred_type)
     rows, cols = w.shape
-    if cols % 32:
-        raise KairoxError(f"--pred-type {pred_type}: predictor rows of {cols} values are not whole blocks "
-                          f"of 32 (use f16, or ranks that are multiples of 32)")
+    check_quantizable(qtype, cols, "--pred-type")  # W2's rows are rank long
     nb = row_nbytes(qtype, cols)
     data = quantize(w, qtype)
     return _NewTensor(name, (rows, nb), np.uint8, rows * nb, qtype, _constant(data))

@@ -41,11 +41,12 @@ def row_nbytes(qtype: GGMLQuantizationType, n_per_row: int) -> int:
     return n_per_row // block * size
 
 
-def check_quantizable(qtype: GGMLQuantizationType, n_per_row: int) -> None:
+def check_quantizable(qtype: GGMLQuantizationType, n_per_row: int, option: str = "--down-type") -> None:
     block, _ = GGML_QUANT_SIZES[qtype]
     if n_per_row % block:
         raise KairoxError(f"{qtype.name} needs rows that are a multiple of {block} values; "
-                          f"these rows have {n_per_row}: choose another --down-type (e.g. q8_0)")
+                          f"these rows have {n_per_row}: choose another {option}"
+                          + (" (e.g. q8_0)" if option == "--down-type" else " (e.g. f16)"))
 
 
 def quantize(x: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:

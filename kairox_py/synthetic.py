@@ -25,11 +25,11 @@ from gguf import GGUFWriter
 from . import format as fmt
 from .errors import KairoxError
 
-#: block layouts of the types written here: (elements per block, bytes per block)
-# bumped whenever the weights a given shape/spec produces change, so that cached files are
-# rewritten (2: zero-mean random codes)
+#: bumped whenever the weights a given shape/spec produces change, so that cached files are
+#: rewritten (2: zero-mean random codes)
 SYNTHETIC_VERSION = 2
 
+#: block layouts of the types written here: (elements per block, bytes per block)
 _BLOCKS = {QT.Q4_0: (32, 18), QT.Q8_0: (32, 34), QT.F16: (1, 2), QT.F32: (1, 4)}
 _TYPES = {"q4_0": QT.Q4_0, "q8_0": QT.Q8_0, "f16": QT.F16, "f32": QT.F32}
 
@@ -107,11 +107,6 @@ def _random_matrix(rng: np.random.Generator, rows: int, cols: int, qtype: QT, st
     d = np.full((rows, nb), scale, dtype=np.float16)
     out[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
     return out.reshape(rows, nb * nbytes)
-
-
-def _zeros(rows: int, cols: int, qtype: QT) -> np.ndarray:
-    per, nbytes = _BLOCKS[qtype]
-    return np.zeros((rows, cols // per * nbytes), dtype=np.uint8)
 
 
 def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:

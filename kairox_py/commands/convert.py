@@ -12,6 +12,7 @@ from ..convert import (
     DEFAULT_MODE,
     DEFAULT_RECALL,
     DEFAULT_SPARSITY,
+    PRED_TYPES,
     ConvertOptions,
     summary_rows,
 )
@@ -52,7 +53,7 @@ from ._common import stderr_console
 @click.option("--no-reorder", is_flag=True, help="Keep the original neuron order.")
 @click.option("--epochs", type=click.IntRange(min=1), default=TrainConfig.epochs,
               show_default=True, help="Predictor training epochs.")
-@click.option("--pred-type", type=click.Choice(["f16", "f32", "q8_0", "q4_0"]), default="f16", show_default=True,
+@click.option("--pred-type", type=click.Choice(PRED_TYPES), default="f16", show_default=True,
               help="Type of the predictor weights (q8_0/q4_0: rows must be multiples of 32).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the per-layer report (default: OUT.gguf.report).")
