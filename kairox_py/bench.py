@@ -207,6 +207,9 @@ class BenchConfig:
     threshold_scale: float = 1.0
     chat: bool = True
     label: str = ""
+    #: map the GGUF files instead of reading them into (huge-page-backed) memory; both systems
+    #: are always loaded the same way
+    use_mmap: bool = False
 
 
 @dataclass
@@ -238,8 +241,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
     for gm in cfg.gen_modes:
         if gm not in ("standard", "speculative"):
             raise KairoxError(f"unknown generation mode {gm!r}")
-    dense_m = Model(cfg.dense_model)
-    sparse_m = Model(cfg.sparse_model)
+    dense_m = Model(cfg.dense_model, use_mmap=cfg.use_mmap)
+    sparse_m = Model(cfg.sparse_model, use_mmap=cfg.use_mmap)
     try:
         if not sparse_m.has_sparsity:
             raise KairoxError(f"{cfg.sparse_model} carries no Kairox sparsity data (kairox convert it)")
@@ -343,7 +346,8 @@ def summary_block(cfg: BenchConfig, records: Sequence[Record], layers: Sequence[
              f"label={cfg.label or '-'}",
              f"dense_model={cfg.dense_model}",
              f"sparse_model={cfg.sparse_model}",
-             f"threads={cfg.threads} n_predict={cfg.n_predict} runs={cfg.runs} prompts={len(cfg.prompts)}",
+             (f"threads={cfg.threads} n_predict={cfg.n_predict} runs={cfg.runs} prompts={len(cfg.prompts)} "
+              f"weights={'mapped' if cfg.use_mmap else 'read'}"),
              f"sparse_mode={cfg.sparse_mode} pred_threshold={cfg.pred_threshold} threshold_scale={cfg.threshold_scale}",
              f"mean_active_fraction={statistics.mean(layers) if layers else math.nan:.4f}"]
     sp = speedups(records)
@@ -389,8 +393,8 @@ def write_outputs(out_dir: Path, cfg: BenchConfig, records: Sequence[Record], la
     paths.append(out_dir / "layers.csv")
     md = [f"# kairox bench {cfg.label}".rstrip(), "",
           f"dense: `{cfg.dense_model}`  ", f"sparse: `{cfg.sparse_model}` (mode {cfg.sparse_mode})  ",
-          f"threads {cfg.threads}, {len(cfg.prompts)} prompts, {cfg.n_predict} tokens, {cfg.runs} runs "
-          f"after {cfg.warmup} warm-up, greedy", "", markdown_table(records), "",
+          (f"threads {cfg.threads}, {len(cfg.prompts)} prompts, {cfg.n_predict} tokens, {cfg.runs} runs "
+           f"after {cfg.warmup} warm-up, greedy, weights {'mapped' if cfg.use_mmap else 'read into memory'}"), "", markdown_table(records), "",
           f"mean active FFN fraction (sparse): {statistics.mean(layers) if layers else math.nan:.3f}", ""]
     (out_dir / "bench.md").write_text("\n".join(md))
     paths.append(out_dir / "bench.md")
@@ -472,9 +476,9 @@ class OpProfile:
 
 
 def profile_ops(model_path: Path, params: ContextParams, prompts: Sequence[list[int]], n_predict: int,
-                system: str) -> OpProfile:
+                system: str, use_mmap: bool = False) -> OpProfile:
     """Time every graph node during standard greedy decoding (prefill excluded)."""
-    with Model(model_path) as m, m.session(params) as s:
+    with Model(model_path, use_mmap=use_mmap) as m, m.session(params) as s:
         total_tokens = 0
         wall = 0.0
         for p in prompts:

@@ -28,6 +28,8 @@ from .errors import KairoxError
 from .hybrid import POLICIES, HybridInfo, HybridLayerStats
 
 GGUF_MAGIC = b"GGUF"
+#: enum llama_load_mode: read the weights into the library's own buffers (no file mapping)
+LLAMA_LOAD_MODE_NONE = 0
 
 #: A chat message: {"role": ..., "content": ...} or (role, content).
 Message = Mapping[str, str] | Sequence[str]
@@ -75,7 +77,7 @@ class Model:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int | None = None,
-                 vocab_only: bool = False) -> None:
+                 vocab_only: bool = False, use_mmap: bool = True) -> None:
         self.path = Path(path)
         _check_gguf_file(self.path)
         lib = _lib.lib()
@@ -83,6 +85,11 @@ class Model:
         if n_gpu_layers is not None:
             params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
+        if not use_mmap:
+            # Weights read into anonymous memory, which the library backs with huge pages
+            # (a mapped file stays on 4 KiB pages): sparse decode reads scattered rows, and
+            # with small pages nearly every row costs a TLB miss.
+            params.load_mode = LLAMA_LOAD_MODE_NONE
         lib.log.take_errors()  # drop stale messages so the reason below is ours
         ptr = lib.llama_model_load_from_file(os.fsencode(self.path), params)
         if not ptr:

@@ -133,6 +133,18 @@ def test_logits_match_greedy_choice_and_chunking(model: Model) -> None:
     np.testing.assert_allclose(chunked, last, atol=0.05)
 
 
+def test_weights_read_or_mapped_give_the_same_logits(model_path: Path, model: Model) -> None:
+    """use_mmap=False reads the weights into the library's (huge-page-backed) buffers: a
+    different home for the same bytes, so every logit must be bit-identical."""
+    tokens = model.tokenize(PROMPT)
+    rows = []
+    with Model(model_path, use_mmap=False) as read:
+        for m in (model, read):
+            with m.session(n_ctx=128, n_threads=THREADS) as s:
+                rows.append(s.decode(tokens, all_logits=True))
+    np.testing.assert_array_equal(rows[0], rows[1])
+
+
 def test_bad_arguments_raise(model: Model) -> None:
     with model.session(n_ctx=64, n_threads=THREADS) as s:
         with pytest.raises(KairoxError):

@@ -53,13 +53,16 @@ from ._common import resolve_model, stderr_console
 @click.option("--pred-rank", type=click.IntRange(min=0), default=0, show_default=True,
               help="Synthetic: predictor rank in the graph (0 = masks given).")
 @click.option("--pred-type", type=click.Choice(["q4_0", "q8_0", "f16"]), default="q4_0", show_default=True)
+@click.option("--mmap/--no-mmap", "use_mmap", default=False, show_default=True,
+              help="Map the GGUF files instead of reading them into huge-page-backed memory "
+                   "(both systems alike).")
 @click.option("--out", "out_dir", default="bench-out", show_default=True, help="Output directory.")
 @click.option("--label", default="", help="Label written into the log summary.")
 def bench(sparse_model: str | None, dense_model: str | None, prompts_file: str | None, max_prompts: int,
           n_predict: int, runs: int, warmup: int, threads: int, gen_modes: str, n_draft: int,
           draft_model: str | None, mode: str, pred_threshold: float, threshold_scale: float,
           op_profile: bool, synthetic: str | None, density: str, pred_rank: int, pred_type: str,
-          out_dir: str, label: str) -> None:
+          use_mmap: bool, out_dir: str, label: str) -> None:
     """Decode speed of the dense path (DENSE model) and the Kairox sparse path (SPARSE_MODEL, a
     Kairox GGUF), interleaved in one process. Writes bench.md, bench.csv, layers.csv, bench.png and
     ends with a summary block (scripts/parse_bench_logs.py turns logs into tables)."""
@@ -69,7 +72,7 @@ def bench(sparse_model: str | None, dense_model: str | None, prompts_file: str |
     out = Path(out_dir)
     if synthetic:
         _bench_synthetic(synthetic, density, pred_rank, pred_type, prompts, n_predict, runs, warmup,
-                         threads, out, label, op_profile)
+                         threads, out, label, op_profile, use_mmap)
         return
     if sparse_model is None:
         raise click.UsageError("pass a Kairox GGUF (made by `kairox convert`), or --synthetic")
@@ -77,7 +80,8 @@ def bench(sparse_model: str | None, dense_model: str | None, prompts_file: str |
     cfg = BenchConfig(dense_model=dense, sparse_model=Path(sparse_model), prompts=prompts, n_predict=n_predict,
                       runs=runs, warmup=warmup, threads=threads, gen_modes=modes, n_draft=n_draft,
                       draft_model=Path(draft_model) if draft_model else None, sparse_mode=mode,
-                      pred_threshold=pred_threshold, threshold_scale=threshold_scale, chat=True, label=label)
+                      pred_threshold=pred_threshold, threshold_scale=threshold_scale, chat=True, label=label,
+                      use_mmap=use_mmap)
     _run_and_report(cfg, out, console, op_profile)
 
 
@@ -101,11 +105,11 @@ def _op_profile_lines(cfg: BenchConfig, layers: list[float], out: Path, console)
         toks = [m.tokenize(p, add_special=True) for p in cfg.prompts[:3]]
     n_ctx = -(-(max(len(t) for t in toks) + cfg.n_predict + 8) // 256) * 256
     dense = profile_ops(cfg.dense_model, ContextParams(n_ctx=n_ctx, n_threads=cfg.threads, mode="dense"),
-                        toks, cfg.n_predict, "dense")
+                        toks, cfg.n_predict, "dense", cfg.use_mmap)
     sparse = profile_ops(cfg.sparse_model, ContextParams(n_ctx=n_ctx, n_threads=cfg.threads, mode=cfg.sparse_mode,
                                                          pred_threshold=cfg.pred_threshold,
                                                          threshold_scale=cfg.threshold_scale),
-                         toks, cfg.n_predict, "kairox")
+                         toks, cfg.n_predict, "kairox", cfg.use_mmap)
     active = sum(layers) / len(layers) if layers else math.nan
     with Model(cfg.sparse_model) as sm:
         mode = sm.session(ContextParams(n_ctx=256, mode=cfg.sparse_mode)).mode
@@ -146,7 +150,7 @@ def _op_profile_lines(cfg: BenchConfig, layers: list[float], out: Path, console)
 
 def _bench_synthetic(shape: str, density: str, pred_rank: int, pred_type: str, prompts: tuple[str, ...],
                      n_predict: int, runs: int, warmup: int, threads: int, out: Path, label: str,
-                     op_profile: bool) -> None:
+                     op_profile: bool, use_mmap: bool) -> None:
     """Synthetic random-weight models (speed only): dense vs sparse at each density."""
     console = stderr_console()
     try:
@@ -168,5 +172,6 @@ def _bench_synthetic(shape: str, density: str, pred_rank: int, pred_type: str, p
         cfg = BenchConfig(dense_model=dense_path, sparse_model=sparse_path, prompts=prompts, n_predict=n_predict,
                           runs=runs, warmup=warmup, threads=threads, gen_modes=("standard",), sparse_mode="predictor",
                           pred_threshold=pred_threshold_for(d, spec), chat=False,
-                          label=f"{label or 'synthetic'} {shape} density={d} pred_rank={pred_rank}")
+                          label=f"{label or 'synthetic'} {shape} density={d} pred_rank={pred_rank}",
+                          use_mmap=use_mmap)
         _run_and_report(cfg, out / f"{shape}-d{d:g}-r{pred_rank}", console, op_profile)

@@ -49,13 +49,16 @@ CTX_ROUND = 256  # automatic context sizes are rounded up to this
               help="Hybrid runtime: TAM's decay at start (0: the default, 0.5).")
 @click.option("--deterministic", is_flag=True,
               help="Hybrid runtime: no timing feedback (fixed lambda, same tokens run to run).")
+@click.option("--mmap/--no-mmap", "use_mmap", default=False, show_default=True,
+              help="Map the GGUF file instead of reading it into huge-page-backed memory "
+                   "(faster start; sparse rows are read more slowly from a mapping).")
 @click.option("--stats", is_flag=True,
               help="Print the active share of FFN neurons per layer (and the hybrid cache's stats).")
 @click.option("-v", "--verbose", is_flag=True, help="Show llama.cpp's log on stderr.")
 def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int | None,
         temp: float, top_k: int, top_p: float, chat: bool, n_ctx: int, batch_size: int,
         ignore_eos: bool, dense: bool, mode: str, threshold_scale: float, vram_budget: float,
-        policy: str, lambda_init: float, deterministic: bool, stats: bool,
+        policy: str, lambda_init: float, deterministic: bool, use_mmap: bool, stats: bool,
         verbose: bool) -> None:
     """Generate text after PROMPT with MODEL (a GGUF file; default: SmolLM2-135M-Instruct,
     downloaded on first use). The text streams to stdout; a speed table follows on stderr."""
@@ -70,7 +73,7 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
     path = resolve_model(model, console)
     if verbose:
         _lib.set_verbose(True)
-    with Model(path) as m:
+    with Model(path, use_mmap=use_mmap) as m:
         text = m.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
         tokens = m.tokenize(text, add_special=True, parse_special=True)
         if n_ctx and len(tokens) >= n_ctx:
