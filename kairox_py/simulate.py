@@ -34,17 +34,15 @@ from __future__ import annotations
 import bisect
 import csv
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 
 from . import _lib
-from .balancer import POLICIES, Balancer, BalancerConfig
+from .balancer import Balancer, BalancerConfig
 from .errors import KairoxError
-from .progress import make_progress
 from .traces import Trace
 
 MODES = ("wait", "async")

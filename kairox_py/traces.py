@@ -46,7 +46,7 @@ from .errors import KairoxError
 from .llama import ContextParams, Model, Profiler
 from .profile import file_sha256, magnitude_quantile
 from .progress import make_progress
-from .quant import dequantize, row_nbytes
+from .quant import dequantize
 
 TRACE_VERSION = 1
 DEFAULT_STEPS = 256
