@@ -53,6 +53,8 @@ ENV_VERBOSE = "KAIROX_VERBOSE"
 # Constants and scalar types (llama.h)
 # ---------------------------------------------------------------------------------------
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+# enum llama_load_mode: LLAMA_LOAD_MODE_NONE reads the weights into the library's own buffers
+LLAMA_LOAD_MODE_NONE = 0
 LLAMA_TOKEN_NULL = -1
 
 llama_token = c_int32

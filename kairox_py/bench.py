@@ -211,6 +211,11 @@ class BenchConfig:
     #: are always loaded the same way
     use_mmap: bool = False
 
+    @property
+    def weights(self) -> str:
+        """How the weights were loaded, for the reports."""
+        return "mapped" if self.use_mmap else "read into memory"
+
 
 @dataclass
 class Record:
@@ -347,7 +352,7 @@ def summary_block(cfg: BenchConfig, records: Sequence[Record], layers: Sequence[
              f"dense_model={cfg.dense_model}",
              f"sparse_model={cfg.sparse_model}",
              (f"threads={cfg.threads} n_predict={cfg.n_predict} runs={cfg.runs} prompts={len(cfg.prompts)} "
-              f"weights={'mapped' if cfg.use_mmap else 'read'}"),
+              f"weights={cfg.weights.split()[0]}"),
              f"sparse_mode={cfg.sparse_mode} pred_threshold={cfg.pred_threshold} threshold_scale={cfg.threshold_scale}",
              f"mean_active_fraction={statistics.mean(layers) if layers else math.nan:.4f}"]
     sp = speedups(records)
@@ -394,7 +399,7 @@ def write_outputs(out_dir: Path, cfg: BenchConfig, records: Sequence[Record], la
     md = [f"# kairox bench {cfg.label}".rstrip(), "",
           f"dense: `{cfg.dense_model}`  ", f"sparse: `{cfg.sparse_model}` (mode {cfg.sparse_mode})  ",
           (f"threads {cfg.threads}, {len(cfg.prompts)} prompts, {cfg.n_predict} tokens, {cfg.runs} runs "
-           f"after {cfg.warmup} warm-up, greedy, weights {'mapped' if cfg.use_mmap else 'read into memory'}"), "", markdown_table(records), "",
+           f"after {cfg.warmup} warm-up, greedy, weights {cfg.weights}"), "", markdown_table(records), "",
           f"mean active FFN fraction (sparse): {statistics.mean(layers) if layers else math.nan:.3f}", ""]
     (out_dir / "bench.md").write_text("\n".join(md))
     paths.append(out_dir / "bench.md")
@@ -476,7 +481,7 @@ class OpProfile:
 
 
 def profile_ops(model_path: Path, params: ContextParams, prompts: Sequence[list[int]], n_predict: int,
-                system: str, use_mmap: bool = False) -> OpProfile:
+                system: str, use_mmap: bool) -> OpProfile:
     """Time every graph node during standard greedy decoding (prefill excluded)."""
     with Model(model_path, use_mmap=use_mmap) as m, m.session(params) as s:
         total_tokens = 0

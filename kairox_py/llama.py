@@ -28,8 +28,6 @@ from .errors import KairoxError
 from .hybrid import POLICIES, HybridInfo, HybridLayerStats
 
 GGUF_MAGIC = b"GGUF"
-#: enum llama_load_mode: read the weights into the library's own buffers (no file mapping)
-LLAMA_LOAD_MODE_NONE = 0
 
 #: A chat message: {"role": ..., "content": ...} or (role, content).
 Message = Mapping[str, str] | Sequence[str]
@@ -89,7 +87,7 @@ class Model:
             # Weights read into anonymous memory, which the library backs with huge pages
             # (a mapped file stays on 4 KiB pages): sparse decode reads scattered rows, and
             # with small pages nearly every row costs a TLB miss.
-            params.load_mode = LLAMA_LOAD_MODE_NONE
+            params.load_mode = _lib.LLAMA_LOAD_MODE_NONE
         lib.log.take_errors()  # drop stale messages so the reason below is ours
         ptr = lib.llama_model_load_from_file(os.fsencode(self.path), params)
         if not ptr:
