@@ -213,8 +213,8 @@ class BenchConfig:
 
     @property
     def weights(self) -> str:
-        """How the weights were loaded, for the reports."""
-        return "mapped" if self.use_mmap else "read into memory"
+        """How the weights were loaded, for the reports: "mapped" or "read" (into memory)."""
+        return "mapped" if self.use_mmap else "read"
 
 
 @dataclass
@@ -352,7 +352,7 @@ def summary_block(cfg: BenchConfig, records: Sequence[Record], layers: Sequence[
              f"dense_model={cfg.dense_model}",
              f"sparse_model={cfg.sparse_model}",
              (f"threads={cfg.threads} n_predict={cfg.n_predict} runs={cfg.runs} prompts={len(cfg.prompts)} "
-              f"weights={cfg.weights.split()[0]}"),
+              f"weights={cfg.weights}"),
              f"sparse_mode={cfg.sparse_mode} pred_threshold={cfg.pred_threshold} threshold_scale={cfg.threshold_scale}",
              f"mean_active_fraction={statistics.mean(layers) if layers else math.nan:.4f}"]
     sp = speedups(records)
