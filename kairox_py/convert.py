@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from rich.console import Console
 
 from . import format as fmt
@@ -46,7 +46,13 @@ DEFAULT_SPARSITY = 0.5
 DEFAULT_RECALL = 0.95
 DEFAULT_MODE = "threshold"
 DEFAULT_DOWN_TYPE = "q8_0"
-PRED_TYPES = ("f16", "f32", "q8_0", "q4_0")
+# Predictor mode's down projection keeps a predicted neuron where |act(gate)*up| exceeds this
+# share of the calibrated threshold: on the default model x0.5 costs +2% perplexity for 1.2x
+# decode, x1 (threshold mode's bar) +2.9% (BENCHMARKS.md, issue 5).
+DEFAULT_PRED_DOWN_SCALE = 0.5
+# "auto": Q8_0 where the rows are whole Q8_0 blocks (half the bytes of F16 for the same
+# predictions on the default model), else F16
+PRED_TYPES = ("auto", "f16", "f32", "q8_0", "q4_0")
 _FLOAT_PRED_TYPES = {"f16": np.float16, "f32": np.float32}
 
 
@@ -58,12 +64,14 @@ class ConvertOptions:
     down_type: str = DEFAULT_DOWN_TYPE
     mode: str = DEFAULT_MODE
     predictor: bool = True
-    pred_type: str = "f16"
+    pred_type: str = "auto"
+    pred_down_scale: float = DEFAULT_PRED_DOWN_SCALE
     reorder: bool = True
     tokens: int = DEFAULT_TOKENS
     ctx: int = DEFAULT_CTX
     threads: int | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
+
 
 
 @dataclass
@@ -78,6 +86,7 @@ class ConvertResult:
     seconds: dict[str, float]
     input_bytes: int
     output_bytes: int
+    mode: str = "threshold"  # the model's default sparse mode as written (kairox.mode)
 
 
 # ---------------------------------------------------------------------------------------
@@ -138,13 +147,15 @@ def check_options(opts: ConvertOptions, inp: InputModel) -> None:
         raise KairoxError(f"--recall must be in (0, 1), got {opts.recall}")
     if opts.mode not in fmt.MODES:
         raise KairoxError(f"--mode must be one of {', '.join(fmt.MODES)}")
+    if not (opts.pred_down_scale >= 0.0 and math.isfinite(opts.pred_down_scale)):
+        raise KairoxError(f"--pred-down-scale must be finite and >= 0, got {opts.pred_down_scale}")
     if opts.mode == "predictor" and not opts.predictor:
         raise KairoxError("--mode predictor needs predictors (drop --no-predictor)")
     if opts.pred_type not in PRED_TYPES:
         raise KairoxError(f"predictor type must be one of {', '.join(PRED_TYPES)}")
     check_group_size(inp.n_ff, opts.group_size)
     check_quantizable(ggml_type(opts.down_type), inp.n_embd)
-    if opts.pred_type not in _FLOAT_PRED_TYPES:
+    if opts.pred_type not in _FLOAT_PRED_TYPES and opts.pred_type != "auto":
         check_quantizable(ggml_type(opts.pred_type), inp.n_embd, "--pred-type")
 
 
@@ -237,7 +248,16 @@ def _pred_matrix(name: str, w: np.ndarray, pred_type: str) -> _NewTensor:
     return _NewTensor(name, (rows, nb), np.uint8, rows * nb, qtype, _constant(data))
 
 
+def pred_layer_type(pred_type: str, n_embd: int, rank: int) -> str:
+    """The type one layer's predictor is stored in ("auto" resolved; W1 and W2 share it)."""
+    if pred_type != "auto":
+        return pred_type
+    block, _ = GGML_QUANT_SIZES[GGMLQuantizationType.Q8_0]
+    return "q8_0" if n_embd % block == 0 and rank % block == 0 else "f16"
+
+
 def _pred_tensors(il: int, p: LayerPredictor, pred_type: str) -> list[_NewTensor]:
+    pred_type = pred_layer_type(pred_type, p.w1.shape[1], p.rank)
     return [
         _pred_matrix(fmt.tensor_name(fmt.TENSOR_PRED_UP, il), p.w1, pred_type),
         _array_tensor(fmt.tensor_name(fmt.TENSOR_PRED_UP, il, "bias"), p.b1.astype(np.float32)),
@@ -310,6 +330,7 @@ def kairox_metadata(opts: ConvertOptions, n_layer: int, thresholds: np.ndarray,
          GGUFValueType.FLOAT32),
         (fmt.KEY_PRED_RANK, ranks, GGUFValueType.ARRAY, GGUFValueType.INT32),
         (fmt.KEY_PRED_THRESHOLD, float(opts.train.prob_threshold), GGUFValueType.FLOAT32, None),
+        (fmt.KEY_PRED_DOWN_SCALE, float(opts.pred_down_scale), GGUFValueType.FLOAT32, None),
         (fmt.KEY_PERMUTED, bool(opts.reorder), GGUFValueType.BOOL, None),
     ]
     if activation_override:
@@ -422,7 +443,7 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     seconds["write"] = time.monotonic() - t
     seconds["total"] = time.monotonic() - t0
     return ConvertResult(out_p, pdir, reused, thr, cats, predictors, groupings, seconds,
-                         in_p.stat().st_size, size)
+                         in_p.stat().st_size, size, opts.mode)
 
 
 def summary_rows(res: ConvertResult) -> list[tuple[str, str]]:
@@ -430,7 +451,8 @@ def summary_rows(res: ConvertResult) -> list[tuple[str, str]]:
     preds = [p for p in res.predictors if p is not None]
     size = f"{res.input_bytes / 1e6:.1f} MB -> {res.output_bytes / 1e6:.1f} MB"
     rows = [("output", str(res.output)), ("size", size),
-            ("profile", f"{res.profile_dir} ({'reused' if res.profile_reused else 'new'})")]
+            ("profile", f"{res.profile_dir} ({'reused' if res.profile_reused else 'new'})"),
+            ("default mode", res.mode)]
     if preds:
         ranks = [p.rank for p in preds]
         rows += [("predictor rank (min/mean/max)",

@@ -18,6 +18,7 @@ KEY_THRESHOLD = "kairox.threshold"             # f32[n_layer]: |act(gate)*up| th
 KEY_CATS_THRESHOLD = "kairox.cats_threshold"   # f32[n_layer]: |act(gate)| thresholds
 KEY_PRED_RANK = "kairox.predictor.rank"        # i32[n_layer]: 0 = no predictor
 KEY_PRED_THRESHOLD = "kairox.predictor.threshold"  # f32: probability threshold
+KEY_PRED_DOWN_SCALE = "kairox.predictor.down_scale"  # f32 (optional): predictor-mode down threshold factor
 KEY_PERMUTED = "kairox.permuted"               # bool
 
 TENSOR_DOWN_T = "blk.%d.ffn_down_t"            # numpy (n_ff, n_embd)
@@ -38,6 +39,7 @@ NAMES: dict[str, str] = {
     "KEY_CATS_THRESHOLD": KEY_CATS_THRESHOLD,
     "KEY_PRED_RANK": KEY_PRED_RANK,
     "KEY_PRED_THRESHOLD": KEY_PRED_THRESHOLD,
+    "KEY_PRED_DOWN_SCALE": KEY_PRED_DOWN_SCALE,
     "KEY_PERMUTED": KEY_PERMUTED,
     "TENSOR_DOWN_T": TENSOR_DOWN_T,
     "TENSOR_PRED_UP": TENSOR_PRED_UP,

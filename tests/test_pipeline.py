@@ -69,7 +69,8 @@ def test_gguf_reader_round_trip(converted: ConvertResult, model_path: Path) -> N
     n_layer = len(converted.thresholds)
     f = r.get_field
     assert f(fmt.KEY_FORMAT_VERSION).contents() == fmt.FORMAT_VERSION
-    assert f(fmt.KEY_MODE).contents() == "threshold"
+    assert f(fmt.KEY_MODE).contents() == "threshold"  # PIPELINE_OPTS asks for it
+    assert f(fmt.KEY_PRED_DOWN_SCALE).contents() == pytest.approx(0.5)
     assert f(fmt.KEY_GROUP_SIZE).contents() == 64
     assert f(fmt.KEY_PERMUTED).contents() is True
     assert np.allclose(f(fmt.KEY_THRESHOLD).contents(), converted.thresholds)
@@ -92,8 +93,9 @@ def test_gguf_reader_round_trip(converted: ConvertResult, model_path: Path) -> N
         assert (inv[perm] == np.arange(len(perm))).all()
         assert len(t_new[fmt.tensor_name(fmt.TENSOR_GROUP_FREQ, il, "")].data) == len(perm) // 64
         assert t_new[fmt.tensor_name(fmt.TENSOR_DOWN_T, il)].tensor_type.name == "Q8_0"
-        assert t_new[fmt.tensor_name(fmt.TENSOR_PRED_UP, il)].data.shape == (ranks[il], 576)
-        assert t_new[fmt.tensor_name(fmt.TENSOR_PRED_DOWN, il)].data.shape == (1536, ranks[il])
+        assert t_new[fmt.tensor_name(fmt.TENSOR_PRED_UP, il)].tensor_type.name == "Q8_0"  # auto
+        assert t_new[fmt.tensor_name(fmt.TENSOR_PRED_UP, il)].data.shape[0] == ranks[il]
+        assert t_new[fmt.tensor_name(fmt.TENSOR_PRED_DOWN, il)].data.shape[0] == 1536
 
 
 def test_down_t_is_the_permuted_transposed_down(converted: ConvertResult) -> None:
@@ -115,7 +117,7 @@ def test_library_loads_it(converted: ConvertResult) -> None:
                 assert s.mode == mode
                 s.decode(m.tokenize("The quick brown fox"))
         with m.session(n_ctx=64) as s:
-            assert s.mode == "threshold"  # kairox.mode
+            assert s.mode == "threshold"  # kairox.mode, as PIPELINE_OPTS asks
 
 
 def test_reordering_invariance_dense_logits_identical(converted: ConvertResult,
@@ -170,25 +172,50 @@ def test_profile_is_reused(work: Path, model_path: Path, converted: ConvertResul
         assert not m.has_predictor
 
 
+def _predictor_stats(path: Path, threshold_scale: float = 1.0) -> tuple[float, float]:
+    """(predicted, down-active) fractions of predictor-mode decode over 256 held-out tokens."""
+    with Model(path) as m, m.session(ContextParams(
+            n_ctx=256, n_batch=256, n_ubatch=256, max_sparse_tokens=256, mode="predictor",
+            stats=True, n_threads=2, threshold_scale=threshold_scale)) as s:
+        s.decode(m.tokenize(default_corpus("eval").text[:3000])[:256], all_logits=True)
+        st = s.layer_stats()
+    return (float(np.mean([x.predicted_fraction for x in st])),
+            float(np.mean([x.active_fraction for x in st])))
+
+
 def test_quantized_predictors(work: Path, model_path: Path, converted: ConvertResult) -> None:
     """--pred-type q8_0 stores the predictor matrices as Q8_0 blocks, and the library's
-    predicted density still matches the offline one (quantizing them barely moves the logits)."""
+    predicted density still matches the offline one (quantizing them barely moves the logits).
+    Written with kairox.predictor.down_scale 1 (the fixture's is 0.5), it also shows that the
+    library applies that key: the fixture at threshold_scale 2 keeps the same down rows as
+    this model at 1, and more rows at 1."""
     from gguf import GGMLQuantizationType
 
     res = convert(model_path, work / "kx-q8p.gguf", default_corpus("profile"),
-                  replace(OPTS, pred_type="q8_0", reorder=False), profile_dir=converted.profile_dir)
+                  replace(OPTS, pred_type="q8_0", reorder=False, pred_down_scale=1.0),
+                  profile_dir=converted.profile_dir)
     types = {t.name: t.tensor_type for t in GGUFReader(res.output).tensors}
     for il, p in enumerate(res.predictors):
         if p is not None:
             assert types[fmt.tensor_name(fmt.TENSOR_PRED_UP, il)] == GGMLQuantizationType.Q8_0
             assert types[fmt.tensor_name(fmt.TENSOR_PRED_DOWN, il)] == GGMLQuantizationType.Q8_0
-    with Model(res.output) as m, m.session(ContextParams(
-            n_ctx=256, n_batch=256, n_ubatch=256, max_sparse_tokens=256, mode="predictor",
-            stats=True, n_threads=2)) as s:
-        s.decode(m.tokenize(default_corpus("eval").text[:3000])[:256], all_logits=True)
-        runtime = np.mean([x.predicted_fraction for x in s.layer_stats()])
+    predicted, down = _predictor_stats(res.output)
     offline = np.mean([p.density for p in res.predictors if p is not None])
-    assert abs(runtime - offline) < 0.08, (runtime, offline)
+    assert abs(predicted - offline) < 0.08, (predicted, offline)
+    assert down < predicted
+    _, down_half = _predictor_stats(converted.output)
+    _, down_half_x2 = _predictor_stats(converted.output, threshold_scale=2.0)
+    assert down_half > down + 0.03, (down_half, down)
+    assert abs(down_half_x2 - down) < 0.01, (down_half_x2, down)
+
+
+def test_auto_predictor_type() -> None:
+    from kairox_py.convert import pred_layer_type
+
+    assert pred_layer_type("auto", 576, 64) == "q8_0"
+    assert pred_layer_type("auto", 576, 40) == "f16"  # W2's rows are rank long
+    assert pred_layer_type("auto", 100, 64) == "f16"
+    assert pred_layer_type("f32", 576, 64) == "f32"
 
 
 # ---- bad input ---------------------------------------------------------------------------

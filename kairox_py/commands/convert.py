@@ -10,6 +10,7 @@ from rich.table import Table
 from ..convert import (
     DEFAULT_DOWN_TYPE,
     DEFAULT_MODE,
+    DEFAULT_PRED_DOWN_SCALE,
     DEFAULT_RECALL,
     DEFAULT_SPARSITY,
     PRED_TYPES,
@@ -53,8 +54,13 @@ from ._common import stderr_console
 @click.option("--no-reorder", is_flag=True, help="Keep the original neuron order.")
 @click.option("--epochs", type=click.IntRange(min=1), default=TrainConfig.epochs,
               show_default=True, help="Predictor training epochs.")
-@click.option("--pred-type", type=click.Choice(PRED_TYPES), default="f16", show_default=True,
-              help="Type of the predictor weights (q8_0/q4_0: rows must be multiples of 32).")
+@click.option("--pred-type", type=click.Choice(PRED_TYPES), default="auto", show_default=True,
+              help="Type of the predictor weights (auto: q8_0 where the rows are multiples of 32, "
+                   "else f16; q8_0/q4_0: rows must be multiples of 32).")
+@click.option("--pred-down-scale", type=click.FloatRange(0.0), default=DEFAULT_PRED_DOWN_SCALE,
+              show_default=True,
+              help="Predictor mode computes a predicted neuron's down row only where "
+                   "|act(gate)*up| > this x the calibrated threshold (0: every predicted row).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the per-layer report (default: OUT.gguf.report).")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
@@ -62,12 +68,12 @@ from ._common import stderr_console
 def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: tuple[str, ...],
             tokens: int, sparsity: float, recall: float, group_size: int, down_type: str,
             mode: str, no_predictor: bool, no_reorder: bool, epochs: int, pred_type: str,
-            report_dir: str | None, threads: int | None) -> None:
+            pred_down_scale: float, report_dir: str | None, threads: int | None) -> None:
     """Convert IN.gguf into a Kairox GGUF at OUT.gguf (written atomically)."""
     console = stderr_console()
     opts = ConvertOptions(sparsity=sparsity, recall=recall, group_size=group_size,
                           down_type=down_type.lower(), mode=mode, predictor=not no_predictor,
-                          pred_type=pred_type, reorder=not no_reorder, tokens=tokens,
+                          pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=not no_reorder, tokens=tokens,
                           threads=threads, train=TrainConfig(recall=recall, epochs=epochs))
     text = load_corpus(list(corpus), "profile")
     res = run_convert(input_path, output_path, text, opts, profile_dir=profile_dir,
