@@ -22,7 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGMLQuantizationType,
+    GGUFReader,
+    GGUFValueType,
+    GGUFWriter,
+)
 from rich.console import Console
 
 from . import format as fmt
