@@ -21,11 +21,11 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from .corpus import prompt_lines
 from .errors import KairoxError
 from .llama import ContextParams, Model, Session
 
@@ -35,17 +35,7 @@ SUMMARY_END = "=== END SUMMARY ==="
 
 def load_prompts(path: str | Path | None = None) -> list[str]:
     """The project's fixed prompt set (kairox_py/data/prompts.txt) or a user's file."""
-    if path is None:
-        text = resources.files("kairox_py").joinpath("data/prompts.txt").read_text(encoding="utf-8")
-    else:
-        p = Path(path)
-        if not p.is_file():
-            raise KairoxError(f"prompt file not found: {p}")
-        text = p.read_text(encoding="utf-8")
-    prompts = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not prompts:
-        raise KairoxError("the prompt file holds no prompts")
-    return prompts
+    return prompt_lines(path, "data/prompts.txt")
 
 
 # ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from .errors import KairoxError
@@ -72,6 +73,22 @@ def read_corpus(paths: Sequence[str | os.PathLike[str]]) -> Corpus:
     if not text.strip():
         raise KairoxError("the corpus is empty (no text in " + ", ".join(map(str, paths)) + ")")
     return Corpus(text, ", ".join(str(p) for p in paths) + f" ({len(text)} chars)")
+
+
+def prompt_lines(path: str | os.PathLike[str] | None, default: str) -> list[str]:
+    """The non-empty, non-comment (#) lines of a prompt file, or of the package's data file
+    `default` when path is None; KairoxError if the file is missing or holds no prompts."""
+    if path is None:
+        text = resources.files("kairox_py").joinpath(default).read_text(encoding="utf-8")
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise KairoxError(f"prompt file not found: {p}")
+        text = p.read_text(encoding="utf-8")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise KairoxError("the prompt file holds no prompts")
+    return lines
 
 
 def load_corpus(paths: Sequence[str | os.PathLike[str]] | None, part: str) -> Corpus:

@@ -12,6 +12,7 @@ from ..convert import (
     DEFAULT_MODE,
     DEFAULT_PRED_DOWN_SCALE,
     DEFAULT_RECALL,
+    DEFAULT_SELF_TEXT,
     DEFAULT_SPARSITY,
     PRED_TYPES,
     ConvertOptions,
@@ -61,6 +62,10 @@ from ._common import stderr_console
               show_default=True,
               help="Predictor mode computes a predicted neuron's down row only where "
                    "|act(gate)*up| > this x the calibrated threshold (0: every predicted row).")
+@click.option("--self-text", "self_text", type=click.IntRange(min=0), default=None,
+              help="Also profile this many tokens of the model's own sampled answers to a varied "
+                   "prompt set, half and half with the corpus (cached; 0: off) [default: "
+                   f"{DEFAULT_SELF_TEXT} with the default corpus, 0 with --corpus].")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the per-layer report (default: OUT.gguf.report).")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
@@ -68,13 +73,16 @@ from ._common import stderr_console
 def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: tuple[str, ...],
             tokens: int, sparsity: float, recall: float, group_size: int, down_type: str,
             mode: str, no_predictor: bool, no_reorder: bool, epochs: int, pred_type: str,
-            pred_down_scale: float, report_dir: str | None, threads: int | None) -> None:
+            pred_down_scale: float, self_text: int | None, report_dir: str | None, threads: int | None) -> None:
     """Convert IN.gguf into a Kairox GGUF at OUT.gguf (written atomically)."""
     console = stderr_console()
+    if self_text is None:
+        self_text = 0 if corpus else DEFAULT_SELF_TEXT
     opts = ConvertOptions(sparsity=sparsity, recall=recall, group_size=group_size,
                           down_type=down_type.lower(), mode=mode, predictor=not no_predictor,
-                          pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=not no_reorder, tokens=tokens,
-                          threads=threads, train=TrainConfig(recall=recall, epochs=epochs))
+                          pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=not no_reorder,
+                          tokens=tokens, threads=threads, train=TrainConfig(recall=recall, epochs=epochs),
+                          self_text=self_text)
     text = load_corpus(list(corpus), "profile")
     res = run_convert(input_path, output_path, text, opts, profile_dir=profile_dir,
                       console=console)

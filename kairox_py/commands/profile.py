@@ -8,6 +8,7 @@ from rich.table import Table
 
 from ..corpus import load_corpus
 from ..profile import DEFAULT_CTX, DEFAULT_TOKENS, run_profile
+from ..selftext import generate_self_text, mix_corpora
 from ..traces import DEFAULT_STEPS, TraceOptions
 from ._common import resolve_model, stderr_console
 from .trace import run_trace
@@ -26,6 +27,9 @@ from .trace import run_trace
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
 @click.option("--sparsity", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.5,
               show_default=True, help="Sparsity for the summary's thresholds.")
+@click.option("--self-text", "self_text", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Also profile this many tokens of the model's own sampled answers to a varied "
+                   "prompt set, half and half with the corpus (cached).")
 @click.option("--generate", "generate_dir", type=click.Path(file_okay=False), default=None,
               help="Also record decode traces of generated continuations of the prompt set "
                    "into this directory (what `kairox trace` records; input for `kairox simulate`).")
@@ -36,7 +40,7 @@ from .trace import run_trace
 @click.option("--steps", type=click.IntRange(min=2), default=DEFAULT_STEPS, show_default=True,
               help="With --generate: decode steps per prompt.")
 def profile(model: str | None, out_dir: str, corpus: tuple[str, ...], tokens: int, ctx: int,
-            threads: int | None, sparsity: float, generate_dir: str | None, kairox_path: str | None,
+            threads: int | None, sparsity: float, self_text: int, generate_dir: str | None, kairox_path: str | None,
             prompts_path: str | None, steps: int) -> None:
     """Run MODEL (default: the default model) on text and record per-layer FFN inputs and
     activations (float16, memory-mapped .npy) plus meta.json in --out; with --generate, also
@@ -46,6 +50,8 @@ def profile(model: str | None, out_dir: str, corpus: tuple[str, ...], tokens: in
     console = stderr_console()
     path = resolve_model(model, console)
     text = load_corpus(list(corpus), "profile")
+    if self_text:
+        text = mix_corpora(text, generate_self_text(path, self_text, threads=threads, console=console))
     prof = run_profile(path, text, Path(out_dir), n_tokens=tokens, ctx=ctx, threads=threads,
                        console=console)
     thr = prof.thresholds(sparsity)
