@@ -57,6 +57,9 @@ DEFAULT_MODE = "threshold"
 # +2.43% on held-out docs and +1.43% instead of +1.97% on general prose, and predictor mode
 # +4.9% instead of +17% on prose (BENCHMARKS.md); about 80 s on 2 cores, cached
 DEFAULT_SELF_TEXT = 12288
+# ...for models up to this size: generation runs at decode speed (a 7B model at ~7 tok/s on
+# 2 cores would take half an hour), so larger models get it only when asked (--self-text N)
+SELF_TEXT_MAX_PARAMS = 1_000_000_000
 DEFAULT_DOWN_TYPE = "q8_0"
 # Predictor mode's down projection keeps a predicted neuron where |act(gate)*up| exceeds this
 # share of the calibrated threshold: on the default model x0.5 costs +2% perplexity for 1.2x
@@ -80,7 +83,9 @@ class ConvertOptions:
     pred_down_scale: float = DEFAULT_PRED_DOWN_SCALE
     reorder: bool = True
     tokens: int = DEFAULT_TOKENS
-    self_text: int = 0  # tokens of the model's own sampled text profiled with the corpus (selftext.py)
+    # tokens of the model's own sampled text profiled with the corpus (selftext.py); None:
+    # DEFAULT_SELF_TEXT for models up to SELF_TEXT_MAX_PARAMS parameters, else 0
+    self_text: int | None = 0
     ctx: int = DEFAULT_CTX
     threads: int | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -153,6 +158,13 @@ def open_input(path: Path) -> InputModel:
     return InputModel(reader, arch, n_layer, n_embd, n_ff, tensors)
 
 
+def default_self_text(inp: InputModel) -> int:
+    """Self-text tokens for a conversion that did not ask: DEFAULT_SELF_TEXT up to
+    SELF_TEXT_MAX_PARAMS parameters, none above."""
+    n_params = sum(int(t.n_elements) for t in inp.reader.tensors)
+    return DEFAULT_SELF_TEXT if n_params <= SELF_TEXT_MAX_PARAMS else 0
+
+
 def check_options(opts: ConvertOptions, inp: InputModel) -> None:
     if not 0.0 <= opts.sparsity < 1.0:
         raise KairoxError(f"--sparsity must be in [0, 1), got {opts.sparsity}")
@@ -160,7 +172,7 @@ def check_options(opts: ConvertOptions, inp: InputModel) -> None:
         raise KairoxError(f"--recall must be in (0, 1), got {opts.recall}")
     if opts.mode not in fmt.MODES:
         raise KairoxError(f"--mode must be one of {', '.join(fmt.MODES)}")
-    if opts.self_text < 0:
+    if opts.self_text is not None and opts.self_text < 0:
         raise KairoxError(f"--self-text must be >= 0, got {opts.self_text}")
     if not (opts.pred_down_scale >= 0.0 and math.isfinite(opts.pred_down_scale)):
         raise KairoxError(f"--pred-down-scale must be finite and >= 0, got {opts.pred_down_scale}")
@@ -401,9 +413,9 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     inp = open_input(in_p)
     check_options(opts, inp)
     check_output(out_p, in_p)
-    if opts.self_text and not (profile_dir and Path(profile_dir).exists()):
-        corpus = mix_corpora(corpus, generate_self_text(in_p, opts.self_text, threads=opts.threads,
-                                                        console=console))
+    n_self = opts.self_text if opts.self_text is not None else default_self_text(inp)
+    if n_self and not (profile_dir and Path(profile_dir).exists()):
+        corpus = mix_corpora(corpus, generate_self_text(in_p, n_self, threads=opts.threads, console=console))
         seconds["self-text"] = time.monotonic() - t0
         t0 = time.monotonic()
     pdir = Path(profile_dir) if profile_dir else default_profile_dir(

@@ -73,3 +73,14 @@ def test_profile_cli_mixes_self_text(run_cli, tmp_path: Path, model_path: Path, 
     meta = json.loads((out / "meta.json").read_text())
     assert "self-text" in meta["corpus"] and "pydoc" in meta["corpus"]
     assert len(list((tmp_path / "cache" / "selftext").iterdir())) == 1
+
+
+def test_default_self_text_depends_on_model_size(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Conversions that do not ask get self-text for small models only (generation runs at
+    decode speed: a 7B model would spend half an hour on it)."""
+    import kairox_py.convert as conv
+
+    inp = conv.open_input(model_path)
+    assert conv.default_self_text(inp) == conv.DEFAULT_SELF_TEXT  # 135M parameters
+    monkeypatch.setattr(conv, "SELF_TEXT_MAX_PARAMS", 100_000_000)
+    assert conv.default_self_text(inp) == 0

@@ -15,6 +15,7 @@ from ..convert import (
     DEFAULT_SELF_TEXT,
     DEFAULT_SPARSITY,
     PRED_TYPES,
+    SELF_TEXT_MAX_PARAMS,
     ConvertOptions,
     summary_rows,
 )
@@ -65,7 +66,8 @@ from ._common import stderr_console
 @click.option("--self-text", "self_text", type=click.IntRange(min=0), default=None,
               help="Also profile this many tokens of the model's own sampled answers to a varied "
                    "prompt set, half and half with the corpus (cached; 0: off) [default: "
-                   f"{DEFAULT_SELF_TEXT} with the default corpus, 0 with --corpus].")
+                   f"{DEFAULT_SELF_TEXT} with the default corpus for models up to "
+                   f"{SELF_TEXT_MAX_PARAMS // 10**9}B parameters, else 0].")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the per-layer report (default: OUT.gguf.report).")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
@@ -76,8 +78,8 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
             pred_down_scale: float, self_text: int | None, report_dir: str | None, threads: int | None) -> None:
     """Convert IN.gguf into a Kairox GGUF at OUT.gguf (written atomically)."""
     console = stderr_console()
-    if self_text is None:
-        self_text = 0 if corpus else DEFAULT_SELF_TEXT
+    if self_text is None and corpus:
+        self_text = 0
     opts = ConvertOptions(sparsity=sparsity, recall=recall, group_size=group_size,
                           down_type=down_type.lower(), mode=mode, predictor=not no_predictor,
                           pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=not no_reorder,
