@@ -50,7 +50,7 @@ from .quant import check_quantizable, dequantize, ggml_type, quantize, row_nbyte
 from .selftext import generate_self_text, mix_corpora
 
 DEFAULT_SPARSITY = 0.5
-DEFAULT_RECALL = 0.95
+DEFAULT_RECALL = TrainConfig.recall
 DEFAULT_MODE = "threshold"
 # `kairox convert` profiles this many tokens of the model's own sampled answers next to the
 # default corpus: on the default model threshold mode then costs +1.75% perplexity instead of
