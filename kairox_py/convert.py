@@ -47,7 +47,7 @@ from .profile import (
 )
 from .progress import make_progress
 from .quant import check_quantizable, dequantize, ggml_type, quantize, row_nbytes
-from .selftext import generate_self_text, mix_corpora
+from .selftext import with_self_text
 
 DEFAULT_SPARSITY = 0.5
 DEFAULT_RECALL = TrainConfig.recall
@@ -91,7 +91,6 @@ class ConvertOptions:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
-
 @dataclass
 class ConvertResult:
     output: Path
@@ -104,7 +103,7 @@ class ConvertResult:
     seconds: dict[str, float]
     input_bytes: int
     output_bytes: int
-    mode: str = "threshold"  # the model's default sparse mode as written (kairox.mode)
+    mode: str  # the model's default sparse mode as written (kairox.mode)
 
 
 # ---------------------------------------------------------------------------------------
@@ -413,19 +412,21 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     inp = open_input(in_p)
     check_options(opts, inp)
     check_output(out_p, in_p)
+    model_sha = None if profile_dir else file_sha256(in_p)  # keys the cached profile (and self-text)
     n_self = opts.self_text if opts.self_text is not None else default_self_text(inp)
     if n_self and not (profile_dir and Path(profile_dir).exists()):
-        corpus = mix_corpora(corpus, generate_self_text(in_p, n_self, threads=opts.threads, console=console))
-        seconds["self-text"] = time.monotonic() - t0
-        t0 = time.monotonic()
-    pdir = Path(profile_dir) if profile_dir else default_profile_dir(
-        file_sha256(in_p), corpus, opts.tokens, opts.ctx)
+        t = time.monotonic()
+        corpus = with_self_text(corpus, in_p, n_self, threads=opts.threads, console=console,
+                                model_sha256=model_sha)
+        seconds["self-text"] = time.monotonic() - t
+    t = time.monotonic()
+    pdir = Path(profile_dir) if model_sha is None else default_profile_dir(model_sha, corpus, opts.tokens, opts.ctx)
     pdir.parent.mkdir(parents=True, exist_ok=True)
     prof, reused = open_or_run_profile(in_p, corpus, pdir, n_tokens=opts.tokens, ctx=opts.ctx,
                                        threads=opts.threads, console=console)
     if (prof.meta.n_layer, prof.meta.n_embd, prof.meta.n_ff) != (inp.n_layer, inp.n_embd, inp.n_ff):
         raise KairoxError(f"profile {pdir} does not match the model's dimensions")
-    seconds["profile"] = time.monotonic() - t0
+    seconds["profile"] = time.monotonic() - t
     activation = prof.meta.activation
     n_layer = inp.n_layer
 

@@ -33,24 +33,25 @@ def load_selftext_prompts(path: str | os.PathLike[str] | None = None) -> list[tu
             for s in prompt_lines(path, "data/selftext_prompts.txt")]
 
 
-def _cache_path(model_path: Path, prompts: list[tuple[str, bool]], n_tokens: int, seed: int) -> Path:
+def _cache_path(model_sha256: str, prompts: list[tuple[str, bool]], n_tokens: int, seed: int) -> Path:
     from .default_model import cache_dir
 
     psha = hashlib.sha256(repr(prompts).encode()).hexdigest()[:8]
-    return cache_dir() / "selftext" / f"{file_sha256(model_path)[:16]}-{psha}-{n_tokens}-{seed}.txt"
+    return cache_dir() / "selftext" / f"{model_sha256[:16]}-{psha}-{n_tokens}-{seed}.txt"
 
 
 def generate_self_text(model_path: str | os.PathLike[str], n_tokens: int, *, threads: int | None = None,
                        seed: int = 0, prompts: list[tuple[str, bool]] | None = None,
-                       console: Console | None = None) -> Corpus:
+                       console: Console | None = None, model_sha256: str | None = None) -> Corpus:
     """About n_tokens of the model's sampled continuations of the prompt set (each prompt's
     text followed by its answer), from the cache when this model, prompt set, size and seed
-    were generated before."""
+    were generated before. model_sha256: the file's hash if the caller has it (hashing a
+    multi-GB model takes seconds)."""
     if n_tokens < 1:
         raise KairoxError("--self-text must be at least 1 token")
     model_path = Path(model_path)
     prompts = prompts or load_selftext_prompts()
-    cached = _cache_path(model_path, prompts, n_tokens, seed)
+    cached = _cache_path(model_sha256 or file_sha256(model_path), prompts, n_tokens, seed)
     if cached.is_file():
         text = cached.read_text(encoding="utf-8")
         return Corpus(text, f"self-text: {n_tokens} tokens sampled from the model (cached, {len(text)} chars)")
@@ -94,3 +95,13 @@ def mix_corpora(base: Corpus, extra: Corpus, pieces: int = 16) -> Corpus:
         step = (len(base.text) - size) / max(1, pieces - 1)
         part = "\n\n".join(base.text[int(i * step):int(i * step) + size] for i in range(pieces))
     return Corpus(part + "\n\n" + extra.text, f"{base.description} (excerpts, {len(part)} chars) + {extra.description}")
+
+
+def with_self_text(corpus: Corpus, model_path: str | os.PathLike[str], n_tokens: int, *,
+                   threads: int | None = None, console: Console | None = None,
+                   model_sha256: str | None = None) -> Corpus:
+    """`corpus` half and half with n_tokens of the model's self-text (the corpus as it is for 0)."""
+    if not n_tokens:
+        return corpus
+    return mix_corpora(corpus, generate_self_text(model_path, n_tokens, threads=threads, console=console,
+                                                  model_sha256=model_sha256))

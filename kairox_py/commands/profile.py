@@ -8,7 +8,7 @@ from rich.table import Table
 
 from ..corpus import load_corpus
 from ..profile import DEFAULT_CTX, DEFAULT_TOKENS, run_profile
-from ..selftext import generate_self_text, mix_corpora
+from ..selftext import with_self_text
 from ..traces import DEFAULT_STEPS, TraceOptions
 from ._common import resolve_model, stderr_console
 from .trace import run_trace
@@ -49,9 +49,7 @@ def profile(model: str | None, out_dir: str, corpus: tuple[str, ...], tokens: in
         raise click.UsageError("--kairox and --prompts go with --generate")
     console = stderr_console()
     path = resolve_model(model, console)
-    text = load_corpus(list(corpus), "profile")
-    if self_text:
-        text = mix_corpora(text, generate_self_text(path, self_text, threads=threads, console=console))
+    text = with_self_text(load_corpus(list(corpus), "profile"), path, self_text, threads=threads, console=console)
     prof = run_profile(path, text, Path(out_dir), n_tokens=tokens, ctx=ctx, threads=threads,
                        console=console)
     thr = prof.thresholds(sparsity)
