@@ -34,7 +34,13 @@ from rich.console import Console
 from . import format as fmt
 from .corpus import Corpus
 from .errors import KairoxError
-from .grouping import DEFAULT_GROUP_SIZE, LayerGrouping, check_group_size, group_layer
+from .grouping import (
+    DEFAULT_GROUP_SIZE,
+    LayerGrouping,
+    check_group_size,
+    group_layer,
+    require_metis,
+)
 from .predictor import LayerPredictor, TrainConfig, train_layer
 from .profile import (
     DEFAULT_CTX,
@@ -179,7 +185,8 @@ def check_options(opts: ConvertOptions, inp: InputModel) -> None:
         raise KairoxError("--mode predictor needs predictors (drop --no-predictor)")
     if opts.pred_type not in PRED_TYPES:
         raise KairoxError(f"predictor type must be one of {', '.join(PRED_TYPES)}")
-    check_group_size(inp.n_ff, opts.group_size)
+    if check_group_size(inp.n_ff, opts.group_size) > 1 and opts.reorder:
+        require_metis()
     check_quantizable(ggml_type(opts.down_type), inp.n_embd)
     if opts.pred_type not in _FLOAT_PRED_TYPES and opts.pred_type != "auto":
         check_quantizable(ggml_type(opts.pred_type), inp.n_embd, "--pred-type")

@@ -15,6 +15,7 @@ undersize part they are most attached to.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -71,13 +72,20 @@ def intra_share(coact: np.ndarray, labels: np.ndarray) -> float:
     return float(inside / off)
 
 
-def _metis_labels(coact: np.ndarray, n_groups: int, seed: int) -> np.ndarray:
+def require_metis() -> Any:
+    """The pymetis module (an optional dependency, the `grouping` extra); KairoxError without
+    it. The converter calls it before profiling, so a missing extra fails at once rather
+    than after minutes of work."""
     try:
-        import pymetis  # optional dependency (the `grouping` extra); imported where needed
+        import pymetis
     except ImportError:
         raise KairoxError("co-activation grouping needs pymetis: pip install 'kairox[grouping]' "
                           "(or convert with --no-reorder)") from None
+    return pymetis
 
+
+def _metis_labels(coact: np.ndarray, n_groups: int, seed: int) -> np.ndarray:
+    pymetis = require_metis()
     n = coact.shape[0]
     w = coact.copy()
     np.fill_diagonal(w, 0)

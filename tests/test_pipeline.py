@@ -245,6 +245,16 @@ def test_bad_group_size(tmp_path: Path, model_path: Path) -> None:
     assert not (tmp_path / "out.gguf").exists()
 
 
+def test_missing_pymetis_fails_before_profiling(tmp_path: Path, model_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the `grouping` extra, a reordering conversion stops before any profiling."""
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # `import pymetis` raises ImportError
+    with pytest.raises(KairoxError, match="needs pymetis"):
+        convert(model_path, tmp_path / "out.gguf", default_corpus("profile"), OPTS,
+                profile_dir=tmp_path / "profile")
+    assert not (tmp_path / "profile").exists() and not (tmp_path / "out.gguf").exists()
+
+
 def test_missing_output_directory(tmp_path: Path, model_path: Path) -> None:
     with pytest.raises(KairoxError, match="output directory does not exist"):
         convert(model_path, tmp_path / "nope" / "out.gguf", default_corpus("profile"), OPTS)
