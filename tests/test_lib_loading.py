@@ -31,3 +31,12 @@ def test_search_order_without_override(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_library_is_loaded_once() -> None:
     assert _lib.lib() is _lib.lib()
+
+
+def test_no_amx_kernels() -> None:
+    """ggml's AMX mat-mul segfaults on Sapphire-Rapids-class CPUs (llama.cpp#20824), and a
+    native build there enables it unless CMakeLists.txt turns it off: the library must not
+    report AMX kernels (on a CPU without AMX this holds either way)."""
+    info = (_lib.lib().llama_print_system_info() or b"").decode()
+    assert "CPU" in info, info
+    assert "AMX_INT8 = 1" not in info, info
