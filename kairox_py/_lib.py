@@ -249,6 +249,8 @@ class kairox_params(Structure):
         ("policy", c_int32),  # enum kairox_balancer_policy of the device cache
         ("lambda_init", c_float),  # TAM decay at start (fixed for tam_fixed); <= 0: the balancer's default
         ("deterministic", c_bool),  # no timing feedback: lambda fixed, same tokens run to run
+        # version 3
+        ("down_dense_share", c_float),  # active share above which down reads ffn_down in order; < 0: model/built-in
     ]
 
 

@@ -25,6 +25,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("info", "info"),
     ("profile", "profile"),
     ("convert", "convert"),
+    ("calibrate", "calibrate"),
     ("eval", "eval_cmd"),
     ("trace", "trace"),
     ("simulate", "simulate"),

@@ -242,9 +242,9 @@ class _NewTensor:
     make: Callable[[], np.ndarray]
 
 
-def _copy_metadata(reader: GGUFReader, writer: GGUFWriter) -> None:
+def _copy_metadata(reader: GGUFReader, writer: GGUFWriter, skip_keys: frozenset[str] = frozenset()) -> None:
     for f in reader.fields.values():
-        if f.name == "general.architecture" or f.name.startswith("GGUF."):
+        if f.name == "general.architecture" or f.name.startswith("GGUF.") or f.name in skip_keys:
             continue
         vtype = f.types[0]
         sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
@@ -372,14 +372,15 @@ def kairox_metadata(opts: ConvertOptions, n_layer: int, thresholds: np.ndarray,
     return kv
 
 
-def write_gguf(inp: InputModel, out: Path, kv: list[tuple[str, Any, GGUFValueType,
-                                                          GGUFValueType | None]],
-               plan: list[_NewTensor], console: Console | None) -> int:
-    """Write atomically: a temporary file beside `out`, renamed when complete."""
+def write_gguf(reader: GGUFReader, arch: str, out: Path,
+               kv: list[tuple[str, Any, GGUFValueType, GGUFValueType | None]],
+               plan: list[_NewTensor], console: Console | None, skip_keys: frozenset[str] = frozenset()) -> int:
+    """Write atomically: a temporary file beside `out`, renamed when complete. The metadata is
+    `reader`'s (but `skip_keys`) followed by `kv`."""
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     try:
-        writer = GGUFWriter(tmp, inp.arch)
-        _copy_metadata(inp.reader, writer)
+        writer = GGUFWriter(tmp, arch)
+        _copy_metadata(reader, writer, skip_keys)
         for key, val, vtype, sub in kv:
             writer.add_key_value(key, val, vtype, sub_type=sub)
         for t in plan:
@@ -395,7 +396,7 @@ def write_gguf(inp: InputModel, out: Path, kv: list[tuple[str, Any, GGUFValueTyp
                 if data.shape != t.shape or data.nbytes != t.nbytes:
                     raise KairoxError(f"internal error: tensor {t.name} has shape {data.shape}, "
                                       f"planned {t.shape}")
-                writer.write_tensor_data(data, tensor_endianess=inp.reader.endianess)
+                writer.write_tensor_data(data, tensor_endianess=reader.endianess)
                 bar.advance(task)
         writer.close()
         size = tmp.stat().st_size
@@ -479,7 +480,7 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     t = time.monotonic()
     kv = kairox_metadata(opts, n_layer, thr, cats, predictors, None)
     plan = plan_tensors(inp, opts, groupings, predictors)
-    size = write_gguf(inp, out_p, kv, plan, console)
+    size = write_gguf(inp.reader, inp.arch, out_p, kv, plan, console)
     seconds["write"] = time.monotonic() - t
     seconds["total"] = time.monotonic() - t0
     return ConvertResult(out_p, pdir, reused, thr, cats, predictors, groupings, seconds,

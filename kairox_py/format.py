@@ -19,6 +19,9 @@ KEY_CATS_THRESHOLD = "kairox.cats_threshold"   # f32[n_layer]: |act(gate)| thres
 KEY_PRED_RANK = "kairox.predictor.rank"        # i32[n_layer]: 0 = no predictor
 KEY_PRED_THRESHOLD = "kairox.predictor.threshold"  # f32: probability threshold
 KEY_PRED_DOWN_SCALE = "kairox.predictor.down_scale"  # f32 (optional): predictor-mode down threshold factor
+#: f32 (optional): active share above which the sparse down reads ffn_down in order; measured
+#: per machine by `kairox calibrate` (absent: the library's built-in crossover per weight type)
+KEY_DOWN_DENSE_SHARE = "kairox.down_dense_share"
 KEY_PERMUTED = "kairox.permuted"               # bool
 
 TENSOR_DOWN_T = "blk.%d.ffn_down_t"            # numpy (n_ff, n_embd)
@@ -40,6 +43,7 @@ NAMES: dict[str, str] = {
     "KEY_PRED_RANK": KEY_PRED_RANK,
     "KEY_PRED_THRESHOLD": KEY_PRED_THRESHOLD,
     "KEY_PRED_DOWN_SCALE": KEY_PRED_DOWN_SCALE,
+    "KEY_DOWN_DENSE_SHARE": KEY_DOWN_DENSE_SHARE,
     "KEY_PERMUTED": KEY_PERMUTED,
     "TENSOR_DOWN_T": TENSOR_DOWN_T,
     "TENSOR_PRED_UP": TENSOR_PRED_UP,

@@ -378,6 +378,10 @@ class ContextParams:
     lambda_init: float = 0.0
     #: no timing feedback: lambda stays fixed, so the same prompt gives the same tokens
     deterministic: bool = False
+    #: share of active neurons above which the sparse down projection reads ffn_down in order
+    #: (0: always, >= 1: never); < 0: the model's kairox.down_dense_share (kairox calibrate),
+    #: else the library's built-in crossover per weight type
+    down_dense_share: float = -1.0
     #: record FFN inputs/hidden activations of every decode (kairox profile)
     profiler: Profiler | None = field(default=None, compare=False)
 
@@ -400,6 +404,8 @@ class ContextParams:
             raise KairoxError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if not (0 <= self.lambda_init < 1):
             raise KairoxError(f"lambda_init must be in [0, 1), got {self.lambda_init}")
+        if not math.isfinite(self.down_dense_share):
+            raise KairoxError(f"down_dense_share must be finite, got {self.down_dense_share}")
 
 
 @dataclass(frozen=True)
@@ -477,6 +483,7 @@ def _create_context(model: Model, params: ContextParams) -> int:
     kp.policy = POLICIES[params.policy]
     kp.lambda_init = params.lambda_init
     kp.deterministic = params.deterministic
+    kp.down_dense_share = params.down_dense_share
     lib.log.take_errors()
     ctx = lib.kairox_init_from_model(model.ptr, cp, ctypes.byref(kp))
     if not ctx:

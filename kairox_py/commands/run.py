@@ -49,6 +49,10 @@ CTX_ROUND = 256  # automatic context sizes are rounded up to this
               help="Hybrid runtime: TAM's decay at start (0: the default, 0.5).")
 @click.option("--deterministic", is_flag=True,
               help="Hybrid runtime: no timing feedback (fixed lambda, same tokens run to run).")
+@click.option("--down-dense-share", type=click.FloatRange(min=0.0), default=None,
+              help="Share of active neurons above which the sparse down projection reads ffn_down "
+                   "in order (0: always, >= 1: never; default: the model's, from kairox calibrate, "
+                   "else a built-in crossover per weight type).")
 @click.option("--mmap/--no-mmap", "use_mmap", default=False, show_default=True,
               help="Map the GGUF file instead of reading it into huge-page-backed memory "
                    "(faster start; sparse rows are read more slowly from a mapping).")
@@ -58,8 +62,8 @@ CTX_ROUND = 256  # automatic context sizes are rounded up to this
 def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int | None,
         temp: float, top_k: int, top_p: float, chat: bool, n_ctx: int, batch_size: int,
         ignore_eos: bool, dense: bool, mode: str, threshold_scale: float, vram_budget: float,
-        policy: str, lambda_init: float, deterministic: bool, use_mmap: bool, stats: bool,
-        verbose: bool) -> None:
+        policy: str, lambda_init: float, deterministic: bool, down_dense_share: float | None,
+        use_mmap: bool, stats: bool, verbose: bool) -> None:
     """Generate text after PROMPT with MODEL (a GGUF file; default: SmolLM2-135M-Instruct,
     downloaded on first use). The text streams to stdout; a speed table follows on stderr."""
     if not prompt.strip():
@@ -91,7 +95,8 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
         with m.session(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads, mode=mode,
                        threshold_scale=threshold_scale, stats=stats, vram_budget_gib=vram_budget,
                        policy=policy, lambda_init=lambda_init,
-                       deterministic=deterministic) as session:
+                       deterministic=deterministic,
+                       down_dense_share=-1.0 if down_dense_share is None else down_dense_share) as session:
             _stream(session, tokens, n_predict, sampling)
             console.print(_speed_table(session, len(tokens)))
             if stats:

@@ -1,0 +1,168 @@
+"""Per-machine crossover of the sparse down projection (`kairox calibrate`).
+
+When most neurons are active, reading ffn_down in order (ggml's dense kernels, on the CPU
+backend's repacked rows where it repacks them) beats the axpy over down_t's active rows. Where
+the two meet depends on the CPU, not on the model: on one of this project's VMs (AMD) the dense
+kernels ran near memory bandwidth and the axpy tiles at 0.57-0.75x of them; on another (Intel)
+the dense kernels reached ~10 GB/s and the tiles, which stream their rows into L2, 1.3-1.6x
+that. A built-in table cannot be right for both, so this measures both paths on the machine
+and the model that will run, with the same tokens and masks, and stores the share in the GGUF
+(kairox.down_dense_share), where every tool built from this tree reads it.
+
+The dense path costs D per token whatever the share; the axpy's cost is measured at the
+model's own active share rho and with every neuron active (the thresholds scaled to ~0), and
+taken as linear in between (a fixed part per op, which dominates small models, plus a part per
+row), so the paths cross where that line meets D.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from rich.console import Console
+
+from . import format as fmt
+from .convert import _NewTensor, write_gguf
+from .errors import KairoxError
+from .llama import ContextParams, Model
+from .progress import make_progress
+
+#: a prompt of our own; the model continues it greedily and those tokens are replayed
+DEFAULT_PROMPT = ("A short guide to keeping a vegetable garden: choose a sunny spot, loosen the "
+                  "soil, and water the young plants early in the morning so that")
+ALWAYS_DENSE = 0.0  # down_dense_share: read ffn_down whenever a neuron is active
+NEVER_DENSE = 2.0   # down_dense_share: always the axpy over the active rows
+
+
+@dataclass(frozen=True)
+class Calibration:
+    threads: int
+    mode: str
+    tokens: int          # decode steps timed per round
+    rounds: int
+    active_share: float  # mean share of active down rows (the model's own masks)
+    full_share: float    # the same with the thresholds scaled to ~0 (~1)
+    dense_us: float      # ffn_down per token, all layers, reading ffn_down in order (median of rounds)
+    sparse_us: float     # the same, axpy over the active rows of down_t, the model's masks
+    full_us: float       # the axpy with every neuron active
+    share: float         # the crossover, in [0, 1] (1: the axpy always wins)
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [
+            ("mode, threads", f"{self.mode}, {self.threads}"),
+            ("decode steps timed", f"{self.tokens} x {self.rounds} rounds per path"),
+            ("ffn_down read in order", f"{self.dense_us:.1f} us/token"),
+            (f"axpy, {100 * self.active_share:.1f}% of rows active", f"{self.sparse_us:.1f} us/token"),
+            (f"axpy, {100 * self.full_share:.1f}% of rows active", f"{self.full_us:.1f} us/token"),
+            ("crossover (kairox.down_dense_share)", f"{self.share:.3f}"),
+        ]
+
+
+def crossover(rho: float, sparse_us: float, rho_full: float, full_us: float, dense_us: float) -> float:
+    """The share where the axpy's line through (rho, sparse_us) and (rho_full, full_us) meets
+    dense_us, in [0, 1]."""
+    if full_us <= dense_us:
+        return 1.0
+    if rho_full - rho < 0.05 or full_us <= sparse_us:  # no slope to speak of: through the origin
+        return min(1.0, max(0.0, rho * dense_us / sparse_us))
+    slope = (full_us - sparse_us) / (rho_full - rho)
+    return min(1.0, max(0.0, rho + (dense_us - sparse_us) / slope))
+
+
+def _down_us(model: Model, params: ContextParams, prompt: Sequence[int],
+             tokens: Sequence[int]) -> tuple[float, float]:
+    """ffn_down time per decode step (AXPY_SPARSE nodes, all layers) and its active share."""
+    with model.session(params) as s:
+        s.decode(prompt)
+        s.reset_stats()
+        s.set_op_timing(True)
+        for t in tokens:
+            s.decode([t])
+        s.set_op_timing(False)
+        us = sum(total for _name, op, _count, total in s.op_times() if op == "AXPY_SPARSE")
+        stats = [st for st in s.layer_stats() if st.pairs > 0]
+    if us <= 0 or not stats:
+        raise KairoxError("no sparse down projection ran: is the model converted, and its mode sparse?")
+    return us / len(tokens), float(np.mean([st.active_fraction for st in stats]))
+
+
+def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode: str = "auto",
+            prompt: str = DEFAULT_PROMPT, console: Console | None = None) -> Calibration:
+    """Time both paths of the sparse down projection, interleaved round by round (a shared
+    machine drifts), on the same greedy continuation of `prompt`."""
+    if n_tokens < 1 or rounds < 1:
+        raise KairoxError("tokens and rounds must be >= 1")
+    with Model(path) as m:
+        if not m.has_sparsity:
+            raise KairoxError(f"{path} carries no Kairox sparsity data: convert it first (kairox convert)")
+        base = ContextParams(n_ctx=512, n_threads=threads, mode=mode, stats=True)
+        ids = m.tokenize(prompt, add_special=True)
+        if len(ids) + n_tokens + 1 > base.n_ctx:
+            raise KairoxError(f"prompt ({len(ids)} tokens) plus {n_tokens} steps exceed {base.n_ctx} tokens")
+        with m.session(base) as s:  # the continuation every timed run replays
+            run_mode = s.mode
+            if run_mode == "dense":
+                raise KairoxError("calibration needs a sparse mode (the model or --mode chose dense)")
+            s.decode(ids)
+            cont = [int(np.argmax(s.logits()))]
+            for _ in range(n_tokens - 1):
+                s.decode([cont[-1]])
+                cont.append(int(np.argmax(s.logits())))
+        runs = {  # what each timed config changes
+            "dense": replace(base, down_dense_share=ALWAYS_DENSE),
+            "sparse": replace(base, down_dense_share=NEVER_DENSE),
+            "full": replace(base, down_dense_share=NEVER_DENSE, threshold_scale=1e-9, pred_threshold=1e-6),
+        }
+        us: dict[str, list[float]] = {k: [] for k in runs}
+        act: dict[str, list[float]] = {k: [] for k in runs}
+        with make_progress(console, transient=True) as bar:
+            task = bar.add_task("timing ffn_down", total=len(runs) * rounds)
+            for _ in range(rounds):
+                for k, p in runs.items():
+                    t, a = _down_us(m, p, ids, cont)
+                    us[k].append(t)
+                    act[k].append(a)
+                    bar.advance(task)
+    med = {k: statistics.median(v) for k, v in us.items()}
+    rho = float(np.mean(act["sparse"] + act["dense"]))
+    rho_full = float(np.mean(act["full"]))
+    share = crossover(rho, med["sparse"], rho_full, med["full"], med["dense"])
+    return Calibration(threads, run_mode, n_tokens, rounds, rho, rho_full, med["dense"], med["sparse"],
+                       med["full"], share)
+
+
+def write_share(path: Path, share: float, console: Console | None = None) -> None:
+    """Store kairox.down_dense_share in the GGUF: in place when the key is there already (a
+    4-byte value, as llama.cpp's gguf_set_metadata does), else by rewriting the file atomically."""
+    if not (0.0 <= share and np.isfinite(share)):
+        raise KairoxError(f"down_dense_share must be finite and >= 0, got {share}")
+    try:
+        reader = GGUFReader(path, "r")
+    except Exception as e:  # noqa: BLE001 - the gguf reader raises ValueError, IndexError, ...
+        raise KairoxError(f"cannot read {path} as GGUF: {e}") from None
+    field = reader.get_field(fmt.KEY_DOWN_DENSE_SHARE)
+    if field is not None:
+        if field.types != [GGUFValueType.FLOAT32]:
+            raise KairoxError(f"{path}: {fmt.KEY_DOWN_DENSE_SHARE} is not an f32")
+        del reader
+        rw = GGUFReader(path, "r+")
+        f = rw.get_field(fmt.KEY_DOWN_DENSE_SHARE)
+        assert f is not None
+        f.parts[f.data[0]][0] = share
+        rw.data.flush()
+        return
+    arch = reader.get_field("general.architecture")
+    if arch is None or fmt.KEY_FORMAT_VERSION not in reader.fields:
+        raise KairoxError(f"{path} is not a Kairox GGUF (kairox convert makes one)")
+    plan = []
+    for t in reader.tensors:
+        data = t.data
+        raw = None if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) else t.tensor_type
+        plan.append(_NewTensor(t.name, tuple(data.shape), data.dtype, int(data.nbytes), raw,
+                               lambda data=data: data))
+    kv = [(fmt.KEY_DOWN_DENSE_SHARE, float(share), GGUFValueType.FLOAT32, None)]
+    write_gguf(reader, arch.contents(), path, kv, plan, console)

@@ -1,0 +1,114 @@
+"""kairox calibrate: the per-machine crossover of the sparse down projection, stored in the GGUF
+and read by the library; both of the op's paths give the same model output."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from kairox_py import ContextParams, KairoxError, Model
+from kairox_py import format as fmt
+from kairox_py.calibrate import crossover, write_share
+
+TEXT = ("Before the storm reached the harbour, the fishermen pulled their boats onto the sand "
+        "and tied the nets to the posts of the old pier, counting every rope twice.")
+
+
+def _share(path: Path) -> float | None:
+    f = GGUFReader(path, "r").get_field(fmt.KEY_DOWN_DENSE_SHARE)
+    return None if f is None else float(f.contents())
+
+
+def test_crossover_line() -> None:
+    # the axpy costs 100 at 50% and 300 at 100%: a line of slope 400; dense 200 meets it at 75%
+    assert crossover(0.5, 100.0, 1.0, 300.0, 200.0) == pytest.approx(0.75)
+    # the axpy beats dense even with every row active: never read the dense layout
+    assert crossover(0.5, 50.0, 1.0, 90.0, 100.0) == 1.0
+    # dense beats the axpy at the measured share already: the crossover lies below it
+    assert crossover(0.5, 150.0, 1.0, 300.0, 100.0) == pytest.approx(1 / 3)
+    # clamped to [0, 1]; no slope (noise): a line through the origin
+    assert crossover(0.5, 1000.0, 1.0, 1200.0, 10.0) == 0.0
+    assert crossover(0.5, 100.0, 0.52, 101.0, 150.0) == 1.0
+    assert crossover(0.5, 100.0, 0.52, 130.0, 120.0) == pytest.approx(0.6)
+
+
+def test_calibrate_writes_the_share(converted, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "kx.gguf"
+    shutil.copyfile(converted.output, path)
+    assert _share(path) is None
+    r = run_cli("calibrate", str(path), "-t", "2", "-n", "4", "--rounds", "1")
+    assert r.returncode == 0, r.stderr
+    first = float(r.stdout.strip().splitlines()[-1])
+    assert 0.0 <= first <= 1.0
+    assert _share(path) == pytest.approx(first, abs=1e-4)  # written by rewriting the file
+    assert "ffn_down read in order" in r.stderr
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
+    # the second time in place; the file keeps its size and loads with the new value
+    size = path.stat().st_size
+    write_share(path, 0.25)
+    assert path.stat().st_size == size and _share(path) == pytest.approx(0.25)
+    with Model(path) as m:
+        assert float(m.metadata[fmt.KEY_DOWN_DENSE_SHARE]) == pytest.approx(0.25)
+    r = run_cli("calibrate", str(path), "-t", "2", "-n", "2", "--rounds", "1", "--no-write")
+    assert r.returncode == 0, r.stderr
+    assert _share(path) == pytest.approx(0.25)
+
+
+def test_both_paths_same_output(converted) -> None:  # type: ignore[no-untyped-def]
+    """The share only picks how ffn_down is read: reading it in order (share 0) and the axpy
+    over down_t's rows (share 2) agree, for single tokens and a batch."""
+    out = {}
+    with Model(converted.output) as m:
+        toks = m.tokenize(TEXT)
+        for share in (0.0, 2.0, -1.0):
+            with m.session(ContextParams(n_ctx=128, n_threads=2, mode="threshold", max_sparse_tokens=64,
+                                         down_dense_share=share)) as s:
+                s.decode(toks[:8])
+                batch = s.decode(toks[8:14], all_logits=True)
+                single = np.stack([(s.decode([t]), s.logits())[1] for t in toks[14:20]])
+                assert batch is not None
+                out[share] = np.concatenate([batch, single])
+    # down_t is quantized on its own (rows = neurons), so the two paths read different
+    # roundings of the same matrix, and dense quantizes its activations to 8 bits: they agree
+    # in distribution, and on top-1 wherever the reference has a clear winner
+    for share in (2.0, -1.0):
+        a, b = out[0.0], out[share]
+        top2 = np.sort(a, axis=-1)[:, -2:]
+        clear = (top2[:, 1] - top2[:, 0]) >= 0.3
+        assert clear.sum() >= 4
+        assert (a.argmax(-1) == b.argmax(-1))[clear].all(), share
+        assert _kl(a, b) < 0.02, (share, _kl(a, b))
+
+
+def _kl(ref: np.ndarray, got: np.ndarray) -> float:
+    def log_softmax(x: np.ndarray) -> np.ndarray:
+        x = x.astype(np.float64) - x.max(axis=-1, keepdims=True)
+        return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    lp, lq = log_softmax(ref), log_softmax(got)
+    return float((np.exp(lp) * (lp - lq)).sum(axis=-1).mean())
+
+
+def test_bad_share_rejected(converted, tmp_path: Path, model_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "kx.gguf"
+    shutil.copyfile(converted.output, path)
+    with pytest.raises(KairoxError, match="finite"):
+        write_share(path, -0.5)
+    write_share(path, 0.5)
+    rw = GGUFReader(path, "r+")  # a corrupt value, as another tool might write it
+    f = rw.get_field(fmt.KEY_DOWN_DENSE_SHARE)
+    assert f is not None
+    f.parts[f.data[0]][0] = -1.0
+    rw.data.flush()
+    del rw
+    with pytest.raises(KairoxError, match="down_dense_share"):
+        Model(path)
+    # a GGUF without Kairox data: a clear error, not a rewrite
+    r = run_cli("calibrate", str(model_path), "-t", "2", "-n", "2", "--rounds", "1")
+    assert r.returncode != 0 and "convert" in r.stderr
+    plain = tmp_path / "plain.gguf"
+    shutil.copyfile(model_path, plain)
+    with pytest.raises(KairoxError, match="not a Kairox GGUF"):
+        write_share(plain, 0.5)
