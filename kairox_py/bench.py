@@ -195,6 +195,7 @@ class BenchConfig:
     sparse_mode: str = "auto"
     pred_threshold: float = 0.0
     threshold_scale: float = 1.0
+    down_dense_share: float = -1.0  # < 0: the model's (kairox calibrate), else built-in
     chat: bool = True
     label: str = ""
     #: map the GGUF files instead of reading them into (huge-page-backed) memory; both systems
@@ -226,7 +227,7 @@ def _session_params(cfg: BenchConfig, n_ctx: int, sparse: bool) -> ContextParams
         return ContextParams(n_ctx=n_ctx, n_batch=512, n_threads=cfg.threads, mode="dense")
     return ContextParams(n_ctx=n_ctx, n_batch=512, n_threads=cfg.threads, mode=cfg.sparse_mode,
                          pred_threshold=cfg.pred_threshold, threshold_scale=cfg.threshold_scale,
-                         stats=True)
+                         down_dense_share=cfg.down_dense_share, stats=True)
 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -> tuple[list[Record], list[float]]:
@@ -343,7 +344,8 @@ def summary_block(cfg: BenchConfig, records: Sequence[Record], layers: Sequence[
              f"sparse_model={cfg.sparse_model}",
              (f"threads={cfg.threads} n_predict={cfg.n_predict} runs={cfg.runs} prompts={len(cfg.prompts)} "
               f"weights={cfg.weights}"),
-             f"sparse_mode={cfg.sparse_mode} pred_threshold={cfg.pred_threshold} threshold_scale={cfg.threshold_scale}",
+             f"sparse_mode={cfg.sparse_mode} pred_threshold={cfg.pred_threshold} threshold_scale={cfg.threshold_scale} "
+             f"down_dense_share={cfg.down_dense_share}",
              f"mean_active_fraction={statistics.mean(layers) if layers else math.nan:.4f}"]
     sp = speedups(records)
     for s in summarize(records):

@@ -44,6 +44,9 @@ from ._common import resolve_model, stderr_console
 @click.option("--mode", type=click.Choice(list(_lib.KAIROX_MODES)), default="auto", show_default=True)
 @click.option("--pred-threshold", type=float, default=0.0, help="Predictor probability threshold (0: the model's).")
 @click.option("--threshold-scale", type=float, default=1.0, show_default=True)
+@click.option("--down-dense-share", type=click.FloatRange(min=0.0), default=None,
+              help="Kairox side: share of active neurons above which the sparse down reads ffn_down in "
+                   "order (default: the model's, from kairox calibrate, else built-in per type).")
 @click.option("--op-profile/--no-op-profile", default=True, show_default=True,
               help="Also time every graph node of dense and sparse decode (where the time goes).")
 @click.option("--synthetic", type=click.Choice(sorted(SHAPES)), default=None,
@@ -61,7 +64,7 @@ from ._common import resolve_model, stderr_console
 def bench(sparse_model: str | None, dense_model: str | None, prompts_file: str | None, max_prompts: int,
           n_predict: int, runs: int, warmup: int, threads: int, gen_modes: str, n_draft: int,
           draft_model: str | None, mode: str, pred_threshold: float, threshold_scale: float,
-          op_profile: bool, synthetic: str | None, density: str, pred_rank: int, pred_type: str,
+          down_dense_share: float | None, op_profile: bool, synthetic: str | None, density: str, pred_rank: int, pred_type: str,
           use_mmap: bool, out_dir: str, label: str) -> None:
     """Decode speed of the dense path (DENSE model) and the Kairox sparse path (SPARSE_MODEL, a
     Kairox GGUF), interleaved in one process. Writes bench.md, bench.csv, layers.csv, bench.png and
@@ -70,9 +73,10 @@ def bench(sparse_model: str | None, dense_model: str | None, prompts_file: str |
     prompts = tuple(load_prompts(prompts_file)[:max_prompts])
     modes = tuple(m.strip() for m in gen_modes.split(",") if m.strip())
     out = Path(out_dir)
+    share = -1.0 if down_dense_share is None else down_dense_share
     if synthetic:
         _bench_synthetic(synthetic, density, pred_rank, pred_type, prompts, n_predict, runs, warmup,
-                         threads, out, label, op_profile, use_mmap)
+                         threads, out, label, op_profile, use_mmap, share)
         return
     if sparse_model is None:
         raise click.UsageError("pass a Kairox GGUF (made by `kairox convert`), or --synthetic")
@@ -81,7 +85,7 @@ def bench(sparse_model: str | None, dense_model: str | None, prompts_file: str |
                       runs=runs, warmup=warmup, threads=threads, gen_modes=modes, n_draft=n_draft,
                       draft_model=Path(draft_model) if draft_model else None, sparse_mode=mode,
                       pred_threshold=pred_threshold, threshold_scale=threshold_scale, chat=True, label=label,
-                      use_mmap=use_mmap)
+                      use_mmap=use_mmap, down_dense_share=share)
     _run_and_report(cfg, out, console, op_profile)
 
 
@@ -108,7 +112,8 @@ def _op_profile_lines(cfg: BenchConfig, layers: list[float], out: Path, console)
                         toks, cfg.n_predict, "dense", cfg.use_mmap)
     sparse = profile_ops(cfg.sparse_model, ContextParams(n_ctx=n_ctx, n_threads=cfg.threads, mode=cfg.sparse_mode,
                                                          pred_threshold=cfg.pred_threshold,
-                                                         threshold_scale=cfg.threshold_scale),
+                                                         threshold_scale=cfg.threshold_scale,
+                                                         down_dense_share=cfg.down_dense_share),
                          toks, cfg.n_predict, "kairox", cfg.use_mmap)
     active = sum(layers) / len(layers) if layers else math.nan
     with Model(cfg.sparse_model) as sm:
@@ -150,7 +155,7 @@ def _op_profile_lines(cfg: BenchConfig, layers: list[float], out: Path, console)
 
 def _bench_synthetic(shape: str, density: str, pred_rank: int, pred_type: str, prompts: tuple[str, ...],
                      n_predict: int, runs: int, warmup: int, threads: int, out: Path, label: str,
-                     op_profile: bool, use_mmap: bool) -> None:
+                     op_profile: bool, use_mmap: bool, down_dense_share: float = -1.0) -> None:
     """Synthetic random-weight models (speed only): dense vs sparse at each density."""
     console = stderr_console()
     try:
@@ -173,5 +178,5 @@ def _bench_synthetic(shape: str, density: str, pred_rank: int, pred_type: str, p
                           runs=runs, warmup=warmup, threads=threads, gen_modes=("standard",), sparse_mode="predictor",
                           pred_threshold=pred_threshold_for(d, spec), chat=False,
                           label=f"{label or 'synthetic'} {shape} density={d} pred_rank={pred_rank}",
-                          use_mmap=use_mmap)
+                          use_mmap=use_mmap, down_dense_share=down_dense_share)
         _run_and_report(cfg, out / f"{shape}-d{d:g}-r{pred_rank}", console, op_profile)

@@ -98,4 +98,5 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
     for k, v in summary_rows(res):
         table.add_row(k, v)
     table.add_row("report", ", ".join(str(f) for f in files))
+    table.add_row("next", f"kairox calibrate {out} on each machine that runs it (the sparse down's crossover)")
     console.print(table)
