@@ -112,3 +112,22 @@ def test_bad_share_rejected(converted, tmp_path: Path, model_path: Path, run_cli
     shutil.copyfile(model_path, plain)
     with pytest.raises(KairoxError, match="not a Kairox GGUF"):
         write_share(plain, 0.5)
+
+
+def test_model_key_and_context_override(converted, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The library honours kairox.down_dense_share, and a context's own share overrides it:
+    each configuration gives bit-identical logits to the explicit share it resolves to."""
+    path = tmp_path / "kx.gguf"
+    shutil.copyfile(converted.output, path)
+    write_share(path, 0.0)  # the model says: always read ffn_down in order
+
+    def logits(p: Path, share: float) -> np.ndarray:
+        with Model(p) as m, m.session(ContextParams(n_ctx=128, n_threads=2, mode="threshold",
+                                                    down_dense_share=share)) as s:
+            s.decode(m.tokenize(TEXT)[:12])
+            return s.logits().copy()
+
+    always, never = logits(converted.output, 0.0), logits(converted.output, 2.0)
+    assert not np.array_equal(always, never)  # the two paths are distinguishable
+    assert np.array_equal(logits(path, -1.0), always)  # the model's key applies
+    assert np.array_equal(logits(path, 2.0), never)  # the context overrides it
