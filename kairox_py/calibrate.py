@@ -20,6 +20,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
@@ -137,7 +138,8 @@ def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode:
 
 def write_share(path: Path, share: float, console: Console | None = None) -> None:
     """Store kairox.down_dense_share in the GGUF: in place when the key is there already (a
-    4-byte value, as llama.cpp's gguf_set_metadata does), else by rewriting the file atomically."""
+    4-byte value, as llama.cpp's gguf_set_metadata does; `kairox convert` writes it as -1),
+    else (a GGUF converted before the key existed) by rewriting the file atomically."""
     if not (0.0 <= share and np.isfinite(share)):
         raise KairoxError(f"down_dense_share must be finite and >= 0, got {share}")
     try:
@@ -155,14 +157,23 @@ def write_share(path: Path, share: float, console: Console | None = None) -> Non
         f.parts[f.data[0]][0] = share
         rw.data.flush()
         return
-    arch = reader.get_field("general.architecture")
-    if arch is None or fmt.KEY_FORMAT_VERSION not in reader.fields:
+    if fmt.KEY_FORMAT_VERSION not in reader.fields:
         raise KairoxError(f"{path} is not a Kairox GGUF (kairox convert makes one)")
+    rewrite_metadata(reader, path, [(fmt.KEY_DOWN_DENSE_SHARE, float(share), GGUFValueType.FLOAT32, None)],
+                     frozenset(), console)
+
+
+def rewrite_metadata(reader: GGUFReader, path: Path, kv: list[tuple[str, Any, GGUFValueType, GGUFValueType | None]],
+                     skip_keys: frozenset[str], console: Console | None = None) -> None:
+    """Rewrite the GGUF `reader` reads (at `path`) atomically with `kv` added and `skip_keys`
+    left out, tensors unchanged (GGUFs written before a key existed)."""
+    arch = reader.get_field("general.architecture")
+    if arch is None:
+        raise KairoxError(f"{path}: no general.architecture")
     plan = []
     for t in reader.tensors:
         data = t.data
         raw = None if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) else t.tensor_type
         plan.append(_NewTensor(t.name, tuple(data.shape), data.dtype, int(data.nbytes), raw,
                                lambda data=data: data))
-    kv = [(fmt.KEY_DOWN_DENSE_SHARE, float(share), GGUFValueType.FLOAT32, None)]
-    write_gguf(reader, arch.contents(), path, kv, plan, console)
+    write_gguf(reader, arch.contents(), path, kv, plan, console, skip_keys)

@@ -365,6 +365,9 @@ def kairox_metadata(opts: ConvertOptions, n_layer: int, thresholds: np.ndarray,
         (fmt.KEY_PRED_THRESHOLD, float(opts.train.prob_threshold), GGUFValueType.FLOAT32, None),
         (fmt.KEY_PRED_DOWN_SCALE, float(opts.pred_down_scale), GGUFValueType.FLOAT32, None),
         (fmt.KEY_PERMUTED, bool(opts.reorder), GGUFValueType.BOOL, None),
+        # not measured yet (the library's built-in crossover); kairox calibrate fills it in
+        # place on the machine that runs the model
+        (fmt.KEY_DOWN_DENSE_SHARE, -1.0, GGUFValueType.FLOAT32, None),
     ]
     if activation_override:
         kv.append((fmt.KEY_ACTIVATION, activation_override, GGUFValueType.STRING, None))

@@ -20,7 +20,8 @@ KEY_PRED_RANK = "kairox.predictor.rank"        # i32[n_layer]: 0 = no predictor
 KEY_PRED_THRESHOLD = "kairox.predictor.threshold"  # f32: probability threshold
 KEY_PRED_DOWN_SCALE = "kairox.predictor.down_scale"  # f32 (optional): predictor-mode down threshold factor
 #: f32 (optional): active share above which the sparse down reads ffn_down in order; measured
-#: per machine by `kairox calibrate` (absent: the library's built-in crossover per weight type)
+#: per machine by `kairox calibrate` (absent or negative, as `kairox convert` writes it: the
+#: library's built-in crossover per weight type)
 KEY_DOWN_DENSE_SHARE = "kairox.down_dense_share"
 KEY_PERMUTED = "kairox.permuted"               # bool
 

@@ -11,7 +11,7 @@ from gguf import GGUFReader
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py import format as fmt
-from kairox_py.calibrate import crossover, write_share
+from kairox_py.calibrate import crossover, rewrite_metadata, write_share
 
 TEXT = ("Before the storm reached the harbour, the fishermen pulled their boats onto the sand "
         "and tied the nets to the posts of the old pier, counting every rope twice.")
@@ -38,18 +38,21 @@ def test_crossover_line() -> None:
 def test_calibrate_writes_the_share(converted, tmp_path: Path, run_cli) -> None:  # type: ignore[no-untyped-def]
     path = tmp_path / "kx.gguf"
     shutil.copyfile(converted.output, path)
-    assert _share(path) is None
+    assert _share(path) == -1.0  # kairox convert (the library function) leaves it unmeasured
+    size = path.stat().st_size
     r = run_cli("calibrate", str(path), "-t", "2", "-n", "4", "--rounds", "1")
     assert r.returncode == 0, r.stderr
     first = float(r.stdout.strip().splitlines()[-1])
     assert 0.0 <= first <= 1.0
-    assert _share(path) == pytest.approx(first, abs=1e-4)  # written by rewriting the file
+    assert _share(path) == pytest.approx(first, abs=1e-4)  # written in place
+    assert path.stat().st_size == size
     assert "ffn_down read in order" in r.stderr
-    assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
-    # the second time in place; the file keeps its size and loads with the new value
-    size = path.stat().st_size
+    # a GGUF converted before the key existed: rewritten atomically with it
+    rewrite_metadata(GGUFReader(path, "r"), path, [], frozenset({fmt.KEY_DOWN_DENSE_SHARE}))
+    assert _share(path) is None
     write_share(path, 0.25)
-    assert path.stat().st_size == size and _share(path) == pytest.approx(0.25)
+    assert _share(path) == pytest.approx(0.25)
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
     with Model(path) as m:
         assert float(m.metadata[fmt.KEY_DOWN_DENSE_SHARE]) == pytest.approx(0.25)
     r = run_cli("calibrate", str(path), "-t", "2", "-n", "2", "--rounds", "1", "--no-write")
@@ -100,7 +103,7 @@ def test_bad_share_rejected(converted, tmp_path: Path, model_path: Path, run_cli
     rw = GGUFReader(path, "r+")  # a corrupt value, as another tool might write it
     f = rw.get_field(fmt.KEY_DOWN_DENSE_SHARE)
     assert f is not None
-    f.parts[f.data[0]][0] = -1.0
+    f.parts[f.data[0]][0] = float("nan")
     rw.data.flush()
     del rw
     with pytest.raises(KairoxError, match="down_dense_share"):

@@ -22,13 +22,16 @@ from ..convert import (
 from ..convert import (
     convert as run_convert,
 )
+from ..calibrate import measure, write_share
 from ..corpus import load_corpus
+from ..errors import KairoxError
 from ..format import MODES
 from ..grouping import DEFAULT_GROUP_SIZE
 from ..predictor import TrainConfig
 from ..profile import DEFAULT_TOKENS
 from ..quant import WRITABLE_TYPES
 from ..report import write_layer_report
+from ..llama import default_threads
 from ._common import stderr_console
 
 
@@ -71,11 +74,15 @@ from ._common import stderr_console
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Directory for the per-layer report (default: OUT.gguf.report).")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
-              help="CPU threads for profiling.")
+              help="CPU threads for profiling (and for calibrating: use the count you will run with).")
+@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
+              help="Measure the sparse down's crossover on this machine at the end (kairox "
+                   "calibrate; seconds on small models, a few minutes on 7B).")
 def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: tuple[str, ...],
             tokens: int, sparsity: float, recall: float, group_size: int, down_type: str,
             mode: str, no_predictor: bool, no_reorder: bool, epochs: int, pred_type: str,
-            pred_down_scale: float, self_text: int | None, report_dir: str | None, threads: int | None) -> None:
+            pred_down_scale: float, self_text: int | None, report_dir: str | None, threads: int | None,
+            calibrate: bool) -> None:
     """Convert IN.gguf into a Kairox GGUF at OUT.gguf (written atomically)."""
     console = stderr_console()
     if self_text is None and corpus:
@@ -98,5 +105,14 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
     for k, v in summary_rows(res):
         table.add_row(k, v)
     table.add_row("report", ", ".join(str(f) for f in files))
-    table.add_row("next", f"kairox calibrate {out} on each machine that runs it (the sparse down's crossover)")
+    if calibrate:
+        try:
+            cal = measure(out, threads or default_threads(), mode="auto", console=console)
+            write_share(out, cal.share)
+            table.add_row("down crossover", f"{cal.share:.3f} (kairox.down_dense_share, measured here with "
+                                            f"{cal.threads} threads; on another machine: kairox calibrate {out})")
+        except KairoxError as e:  # the model is complete either way: the built-in crossover applies
+            table.add_row("down crossover", f"not measured ({e}); built-in per type")
+    else:
+        table.add_row("next", f"kairox calibrate {out} on each machine that runs it (the sparse down's crossover)")
     console.print(table)
