@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .errors import KairoxError
+from .format import KEY_DOWN_DENSE_SHARE
 
 GGUF_MAGIC = b"GGUF"
 KAIROX_KEY_PREFIX = "kairox."
@@ -50,6 +51,7 @@ class GGUFSummary:
     n_params: int
     tensor_types: dict[str, TypeStats] = field(default_factory=dict)
     kairox_keys: tuple[str, ...] = ()
+    down_dense_share: float | None = None  # kairox.down_dense_share (negative: not measured)
 
     @property
     def has_kairox_data(self) -> bool:
@@ -149,7 +151,12 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
         n_params=sum(int(t.n_elements) for t in tensors),
         tensor_types=dict(sorted(stats.items(), key=lambda kv: -kv[1].nbytes)),
         kairox_keys=tuple(sorted(k for k in fields if k.startswith(KAIROX_KEY_PREFIX))),
+        down_dense_share=_float_or_none(fields.get(KEY_DOWN_DENSE_SHARE)),
     )
+
+
+def _float_or_none(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) else None
 
 
 def _human_bytes(n: int) -> str:
@@ -201,6 +208,10 @@ def render(s: GGUFSummary, console: Console) -> None:
         ("parameters", f"{_human_count(s.n_params)} ({s.n_params:,})"),
         ("Kairox sparsity data", kairox),
     ]
+    if s.has_kairox_data:
+        share = s.down_dense_share
+        rows.append(("down crossover", "built-in per type (kairox calibrate measures it)" if share is None or share < 0
+                     else f"{share:.3f} (kairox.down_dense_share, from kairox calibrate on the machine that measured it)"))
     for k, v in rows:
         info.add_row(k, v)
     console.print(info)

@@ -47,6 +47,8 @@ def test_calibrate_writes_the_share(converted, tmp_path: Path, run_cli) -> None:
     assert _share(path) == pytest.approx(first, abs=1e-4)  # written in place
     assert path.stat().st_size == size
     assert "ffn_down read in order" in r.stderr
+    info = run_cli("info", str(path))
+    assert info.returncode == 0 and f"{first:.3f} (kairox.down_dense_share" in info.stdout, info.stdout
     # a GGUF converted before the key existed: rewritten atomically with it
     rewrite_metadata(GGUFReader(path, "r"), path, [], frozenset({fmt.KEY_DOWN_DENSE_SHARE}))
     assert _share(path) is None
