@@ -20,14 +20,13 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGUFReader, GGUFValueType
 from rich.console import Console
 
 from . import format as fmt
-from .convert import _NewTensor, write_gguf
+from .convert import rewrite_metadata
 from .errors import KairoxError
 from .llama import ContextParams, Model
 from .progress import make_progress
@@ -162,18 +161,3 @@ def write_share(path: Path, share: float, console: Console | None = None) -> Non
     rewrite_metadata(reader, path, [(fmt.KEY_DOWN_DENSE_SHARE, float(share), GGUFValueType.FLOAT32, None)],
                      frozenset(), console)
 
-
-def rewrite_metadata(reader: GGUFReader, path: Path, kv: list[tuple[str, Any, GGUFValueType, GGUFValueType | None]],
-                     skip_keys: frozenset[str], console: Console | None = None) -> None:
-    """Rewrite the GGUF `reader` reads (at `path`) atomically with `kv` added and `skip_keys`
-    left out, tensors unchanged (GGUFs written before a key existed)."""
-    arch = reader.get_field("general.architecture")
-    if arch is None:
-        raise KairoxError(f"{path}: no general.architecture")
-    plan = []
-    for t in reader.tensors:
-        data = t.data
-        raw = None if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) else t.tensor_type
-        plan.append(_NewTensor(t.name, tuple(data.shape), data.dtype, int(data.nbytes), raw,
-                               lambda data=data: data))
-    write_gguf(reader, arch.contents(), path, kv, plan, console, skip_keys)

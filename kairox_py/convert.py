@@ -28,6 +28,7 @@ from gguf import (
     GGUFReader,
     GGUFValueType,
     GGUFWriter,
+    ReaderTensor,
 )
 from rich.console import Console
 
@@ -255,6 +256,13 @@ def _constant(arr: np.ndarray) -> Callable[[], np.ndarray]:
     return lambda: arr
 
 
+def _input_tensor(t: ReaderTensor, perm: np.ndarray | None = None) -> _NewTensor:
+    """A tensor of the input written again (its rows in `perm` order, if given)."""
+    data = t.data
+    raw = None if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) else t.tensor_type
+    return _NewTensor(t.name, tuple(data.shape), data.dtype, int(data.nbytes), raw, _rows(data, perm))
+
+
 def _array_tensor(name: str, arr: np.ndarray) -> _NewTensor:
     return _NewTensor(name, arr.shape, arr.dtype, arr.nbytes, None, _constant(arr))
 
@@ -322,14 +330,10 @@ def plan_tensors(inp: InputModel, opts: ConvertOptions, groupings: list[LayerGro
     Kairox tensors per layer."""
     plan: list[_NewTensor] = []
     for t in inp.reader.tensors:
-        data = t.data
         parts = t.name.split(".")
         permute = (opts.reorder and len(parts) == 4 and parts[0] == "blk"
                    and parts[2] in ("ffn_gate", "ffn_up") and parts[3] == "weight")
-        make = _rows(data, groupings[int(parts[1])].perm if permute else None)
-        raw = None if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) \
-            else t.tensor_type
-        plan.append(_NewTensor(t.name, tuple(data.shape), data.dtype, int(data.nbytes), raw, make))
+        plan.append(_input_tensor(t, groupings[int(parts[1])].perm if permute else None))
     qtype = ggml_type(opts.down_type)
     for il in range(inp.n_layer):
         g = groupings[il]
@@ -408,6 +412,17 @@ def write_gguf(reader: GGUFReader, arch: str, out: Path,
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def rewrite_metadata(reader: GGUFReader, path: Path,
+                     kv: list[tuple[str, Any, GGUFValueType, GGUFValueType | None]],
+                     skip_keys: frozenset[str], console: Console | None = None) -> None:
+    """Rewrite the GGUF `reader` reads (at `path`) atomically with `kv` added and `skip_keys`
+    left out, its tensors unchanged (e.g. a key added to GGUFs written before it existed)."""
+    arch = reader.get_field("general.architecture")
+    if arch is None:
+        raise KairoxError(f"{path}: no general.architecture")
+    write_gguf(reader, arch.contents(), path, kv, [_input_tensor(t) for t in reader.tensors], console, skip_keys)
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from ..calibrate import measure, write_share
 from ..convert import (
     DEFAULT_DOWN_TYPE,
     DEFAULT_MODE,
@@ -22,16 +23,15 @@ from ..convert import (
 from ..convert import (
     convert as run_convert,
 )
-from ..calibrate import measure, write_share
 from ..corpus import load_corpus
 from ..errors import KairoxError
 from ..format import MODES
 from ..grouping import DEFAULT_GROUP_SIZE
+from ..llama import default_threads
 from ..predictor import TrainConfig
 from ..profile import DEFAULT_TOKENS
 from ..quant import WRITABLE_TYPES
 from ..report import write_layer_report
-from ..llama import default_threads
 from ._common import stderr_console
 
 
