@@ -251,7 +251,13 @@ class kairox_params(Structure):
         ("deterministic", c_bool),  # no timing feedback: lambda fixed, same tokens run to run
         # version 3
         ("down_dense_share", c_float),  # active share above which down reads ffn_down in order; < 0: model/built-in
+        # version 4
+        ("vram_reserve_gib", c_float),  # auto budget: device memory left free besides KV cache and compute
     ]
+
+
+#: kairox_params.vram_budget_gib: size the budget from the device's free memory
+KAIROX_VRAM_BUDGET_AUTO = -1.0
 
 
 class kairox_hybrid_layer_stats(Structure):
@@ -284,6 +290,18 @@ class kairox_hybrid_info(Structure):
         ("dense_bytes", c_int64),
         ("cache_bytes", c_int64),
         ("device", ctypes.c_char * 64),
+    ]
+
+
+class kairox_hybrid_budget(Structure):
+    _fields_ = [
+        ("is_auto", c_int32),  # 1: from the device's free memory; 0: the caller's vram_budget_gib
+        ("device_free", c_int64),
+        ("device_total", c_int64),
+        ("kv_bytes", c_int64),  # margin: the KV cache
+        ("compute_bytes", c_int64),  # margin: compute buffers (an upper estimate)
+        ("reserve_bytes", c_int64),  # margin: kairox_params.vram_reserve_gib
+        ("budget_bytes", c_int64),
     ]
 
 
@@ -353,6 +371,7 @@ STRUCTS: dict[str, type[Structure]] = {
         kairox_balancer_params,
         kairox_hybrid_layer_stats,
         kairox_hybrid_info,
+        kairox_hybrid_budget,
     )
 }
 
@@ -389,6 +408,8 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
     # --- hybrid runtime ---
     # int32_t kairox_hybrid_get_info(const struct llama_context * ctx, struct kairox_hybrid_info * out);
     ("kairox_hybrid_get_info", [llama_context_p, POINTER(kairox_hybrid_info)], c_int32),
+    # int32_t kairox_hybrid_get_budget(const struct llama_context * ctx, struct kairox_hybrid_budget * out);
+    ("kairox_hybrid_get_budget", [llama_context_p, POINTER(kairox_hybrid_budget)], c_int32),
     # int32_t kairox_hybrid_get_stats(const struct llama_context * ctx, struct kairox_hybrid_layer_stats * out, int32_t n_max);
     ("kairox_hybrid_get_stats", [llama_context_p, POINTER(kairox_hybrid_layer_stats), c_int32], c_int32),
     # int32_t kairox_hybrid_get_lambda_trace(const struct llama_context * ctx, int32_t layer, float * out, int32_t n_max);

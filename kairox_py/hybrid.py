@@ -1,8 +1,8 @@
 """Hybrid runtime statistics: what the device neuron-group cache did, per layer.
 
 The runtime itself lives in the library (llama-kairox-hybrid.cpp); a Session created with
-ContextParams(vram_budget_gib > 0) runs it. These objects are the Python side of
-kairox_hybrid_get_info / kairox_hybrid_get_stats, kept apart from llama.py so that the
+ContextParams(vram_budget_gib != 0) runs it. These objects are the Python side of
+kairox_hybrid_get_info / _get_budget / _get_stats, kept apart from llama.py so that the
 table `kairox run --stats` prints and the tests read the same numbers.
 """
 from __future__ import annotations
@@ -15,6 +15,9 @@ from .balancer import POLICIES as BALANCER_POLICIES
 #: CLI/ContextParams policy names -> enum kairox_balancer_policy: the balancer's own table, with
 #: TAM at a fixed lambda spelled `tam-t` as the hybrid issue and `kairox run --policy` name it
 POLICIES: dict[str, int] = {("tam-t" if k == "tam_fixed" else k): v for k, v in BALANCER_POLICIES.items()}
+
+#: ContextParams.vram_budget_gib: size the budget from the device's free memory
+VRAM_AUTO: float = _lib.KAIROX_VRAM_BUDGET_AUTO
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,30 @@ class HybridInfo:
         policy = next((k for k, v in POLICIES.items() if v == c.policy), str(c.policy))
         return cls(c.device.decode(), c.group_size, policy, bool(c.deterministic), c.n_slots,
                    c.n_groups, c.budget_bytes, c.dense_bytes, c.cache_bytes)
+
+
+@dataclass(frozen=True)
+class HybridBudget:
+    """How the budget was sized. An auto budget is the device's free memory minus what the
+    context needs there besides the weights (its KV cache, compute buffers) and a reserve;
+    the cache's own metadata is charged inside the budget, next to its slots."""
+
+    is_auto: bool
+    device_free: int  # 0 unless auto
+    device_total: int
+    kv_bytes: int
+    compute_bytes: int  # an upper estimate: graphs are reserved after the placement
+    reserve_bytes: int
+    budget_bytes: int
+
+    @property
+    def margin_bytes(self) -> int:
+        return self.kv_bytes + self.compute_bytes + self.reserve_bytes
+
+    @classmethod
+    def from_c(cls, c: _lib.kairox_hybrid_budget) -> HybridBudget:
+        return cls(bool(c.is_auto), c.device_free, c.device_total, c.kv_bytes, c.compute_bytes,
+                   c.reserve_bytes, c.budget_bytes)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _lib
 from .errors import KairoxError
-from .hybrid import POLICIES, HybridInfo, HybridLayerStats
+from .hybrid import POLICIES, HybridBudget, HybridInfo, HybridLayerStats
 
 GGUF_MAGIC = b"GGUF"
 
@@ -370,8 +370,11 @@ class ContextParams:
     #: count active neurons per layer (Session.layer_stats)
     stats: bool = False
     #: hybrid runtime: > 0 keeps a device cache of neuron groups under this many GiB of weights
-    #: (dense parts first); 0: CPU only. Needs predictor mode and a converted model.
+    #: (dense parts first); 0: CPU only; VRAM_AUTO (< 0): the device's free memory minus the KV
+    #: cache, compute buffers and vram_reserve_gib. Needs predictor mode and a converted model.
     vram_budget_gib: float = 0.0
+    #: auto budget: device memory left free besides the KV cache and compute buffers
+    vram_reserve_gib: float = 0.5
     #: the cache's balancer policy (kairox_py.hybrid.POLICIES)
     policy: str = "tam"
     #: TAM's decay at start (fixed for "tam-t"); <= 0: the balancer's default (0.5)
@@ -398,8 +401,10 @@ class ContextParams:
             raise KairoxError(f"pred_threshold must be in [0, 1), got {self.pred_threshold}")
         if self.max_sparse_tokens < 0:
             raise KairoxError("max_sparse_tokens must be >= 0")
-        if not (self.vram_budget_gib >= 0 and math.isfinite(self.vram_budget_gib)):
-            raise KairoxError(f"vram_budget_gib must be >= 0, got {self.vram_budget_gib}")
+        if not math.isfinite(self.vram_budget_gib):
+            raise KairoxError(f"vram_budget_gib must be a number of GiB (< 0: auto), got {self.vram_budget_gib}")
+        if not (self.vram_reserve_gib >= 0 and math.isfinite(self.vram_reserve_gib)):
+            raise KairoxError(f"vram_reserve_gib must be >= 0, got {self.vram_reserve_gib}")
         if self.policy not in POLICIES:
             raise KairoxError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if not (0 <= self.lambda_init < 1):
@@ -480,6 +485,7 @@ def _create_context(model: Model, params: ContextParams) -> int:
     kp.max_sparse_tokens = params.max_sparse_tokens
     kp.stats = params.stats
     kp.vram_budget_gib = params.vram_budget_gib
+    kp.vram_reserve_gib = params.vram_reserve_gib
     kp.policy = POLICIES[params.policy]
     kp.lambda_init = params.lambda_init
     kp.deterministic = params.deterministic
@@ -671,13 +677,20 @@ class Session:
             return None
         return HybridInfo.from_c(c)
 
+    def hybrid_budget(self) -> HybridBudget | None:
+        """How the hybrid runtime's budget was sized (None: this context runs CPU only)."""
+        c = _lib.kairox_hybrid_budget()
+        if int(self._lib.kairox_hybrid_get_budget(self.ptr, ctypes.byref(c))) < 0:
+            return None
+        return HybridBudget.from_c(c)
+
     def hybrid_stats(self) -> list[HybridLayerStats]:
         """Per-layer device cache statistics since the last reset (hybrid runtime only)."""
         n = self.model.n_layer
         buf = (_lib.kairox_hybrid_layer_stats * n)()
         got = int(self._lib.kairox_hybrid_get_stats(self.ptr, buf, n))
         if got < 0:
-            raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib > 0))")
+            raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib != 0))")
         return [HybridLayerStats.from_c(s) for s in buf[:got]]
 
     def _hybrid_layer_array(self, fn, layer: int, dtype: type, ctype: type) -> np.ndarray:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kairox_py import KairoxError, Model
-from kairox_py.hybrid import POLICIES
+from kairox_py.hybrid import POLICIES, VRAM_AUTO
 from kairox_py.llama import ContextParams
 
 PROMPT = "A short note on how tides work:"
@@ -87,7 +87,7 @@ def test_budget_is_respected_and_neurons_are_computed_once(kx_model: Path, sizes
             assert info.dense_bytes + info.cache_bytes <= info.budget_bytes
             assert 0 < info.n_slots < info.n_groups
             s.decode(tokens)
-            cpu_half = [st.active for st in s.layer_stats()]
+            total = [st.active for st in s.layer_stats()]  # both halves
             hs = s.hybrid_stats()
             for il, st in enumerate(hs):
                 resident = s.resident_groups(il)
@@ -97,8 +97,15 @@ def test_budget_is_respected_and_neurons_are_computed_once(kx_model: Path, sizes
             # the device computed some neurons, the CPU the rest, none twice (a batch of tokens,
             # each with its own mask; deterministic mode: every layer sees the same input bits)
             dev = [st.dev_computed for st in hs]
-            assert sum(dev) > 0 and sum(cpu_half) > 0
-            assert [c + d for c, d in zip(cpu_half, dev)] == cpu_only
+            cpu_half = [t - d for t, d in zip(total, dev)]
+            assert sum(dev) > 0 and sum(cpu_half) > 0 and min(cpu_half) >= 0
+            assert total == cpu_only
+            # layer stats and hybrid stats reset apart: the layer counts start again from zero
+            # after kairox_reset_stats even though the device's counters keep running
+            s.reset_stats()
+            s.decode(m.tokenize(" so"))
+            assert all(st.calls == 1 and 0 <= st.active <= st.pairs for st in s.layer_stats())
+            assert [st.dev_computed for st in s.hybrid_stats()] >= dev
 
 
 def test_static_never_moves_and_tam_does(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
@@ -245,3 +252,75 @@ def test_loads_land_for_the_next_step(kx_model: Path, sizes) -> None:  # type: i
                     prev = [st.loads for st in stats]
                 if not det:
                     assert seen_inflight > 0  # Top-K moves groups every step
+
+
+def _kv_bytes(m: Model, n_ctx: int) -> int:
+    """llama.cpp's KV cache for a llama-family model with F16 K and V: every layer keeps
+    n_ctx rows of n_head_kv * head_dim for K and for V."""
+    head_dim = m.n_embd // m.n_head
+    return m.n_layer * n_ctx * 2 * (m.n_head_kv * head_dim) * 2
+
+
+def test_auto_budget_is_free_memory_minus_the_margin(kx_model: Path, sizes, cpu_reference) -> None:  # type: ignore[no-untyped-def]
+    """--vram-budget auto: the device's free memory minus the context's KV cache (the bytes
+    llama.cpp allocates for it), an upper estimate of its compute buffers and the reserve. The
+    stand-in's memory is the host's as ggml's CPU device reports it, so a reserve that leaves
+    room for the dense parts and a quarter of the cache must give a partial cache, the same
+    tokens as the CPU path, and the same placement as that budget given in GiB."""
+    with Model(kx_model) as m:
+        ctx = ContextParams(n_ctx=256, n_threads=2, mode="predictor", vram_budget_gib=VRAM_AUTO)
+        with m.session(ctx) as s:
+            b, info = s.hybrid_budget(), s.hybrid_info()
+            assert b is not None and info is not None and b.is_auto
+            assert b.kv_bytes == _kv_bytes(m, 256)
+            assert b.compute_bytes >= 4 * m.n_vocab  # the logits of a token at least
+            assert b.reserve_bytes == 1 << 29  # default 0.5 GiB
+            assert b.budget_bytes == info.budget_bytes == b.device_free - b.margin_bytes
+            assert info.n_slots == info.n_groups  # the host has room for the whole cache
+            free, margin = b.device_free, b.kv_bytes + b.compute_bytes
+        target = sizes[0] + 0.25 * sizes[1]
+        reserve = (free - margin - target) / GIB
+        with m.session(ContextParams(n_ctx=256, n_threads=2, mode="predictor", vram_budget_gib=VRAM_AUTO,
+                                     vram_reserve_gib=reserve)) as s:
+            b, info = s.hybrid_budget(), s.hybrid_info()
+            assert b is not None and info is not None
+            assert abs(b.budget_bytes - target) < 4096  # float GiB of the reserve
+            assert info.dense_bytes + info.cache_bytes <= b.budget_bytes
+            assert 0 < info.n_slots < info.n_groups
+            auto_slots = info.n_slots
+        with m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=b.budget_bytes / GIB)) as s:
+            fixed = s.hybrid_info()
+            assert fixed is not None and abs(fixed.n_slots - auto_slots) <= 1
+            fb = s.hybrid_budget()
+            assert fb is not None and not fb.is_auto and fb.kv_bytes == 0
+    toks, logits = _greedy(kx_model, vram_budget_gib=VRAM_AUTO, vram_reserve_gib=reserve)
+    assert toks == cpu_reference[0]
+    np.testing.assert_array_equal(logits, cpu_reference[1])
+
+
+def test_auto_budget_errors(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
+    with Model(kx_model) as m:
+        with m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=VRAM_AUTO)) as s:
+            b = s.hybrid_budget()
+            assert b is not None
+        # a reserve that leaves less than the dense parts, and one above the free memory
+        reserve = (b.device_free - b.kv_bytes - b.compute_bytes - sizes[0] / 2) / GIB
+        with pytest.raises(KairoxError, match=r"auto: .* free minus the margin\) is below what the dense parts need"):
+            m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=VRAM_AUTO, vram_reserve_gib=reserve))
+        with pytest.raises(KairoxError, match="less than the margin .*KV cache"):
+            m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=VRAM_AUTO,
+                                    vram_reserve_gib=b.device_free / GIB + 1))
+        with pytest.raises(KairoxError, match="vram_reserve_gib must be >= 0"):
+            m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=VRAM_AUTO, vram_reserve_gib=-1))
+        with pytest.raises(KairoxError, match="needs predictor mode"):
+            m.session(ContextParams(n_ctx=64, mode="threshold", vram_budget_gib=VRAM_AUTO))
+
+
+def test_cli_run_auto_budget(run_cli, kx_model: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run_cli("run", str(kx_model), "-p", "Tides are", "-n", "4", "-t", "2", "--vram-budget", "auto", "--stats")
+    assert r.returncode == 0, r.stderr
+    assert "(auto: " in r.stderr and "KV cache" in r.stderr
+    r = run_cli("run", str(kx_model), "-p", "Tides are", "-n", "4", "--vram-budget", "lots")
+    assert r.returncode == 2 and "neither a number of GiB nor 'auto'" in r.stderr
+    r = run_cli("run", str(kx_model), "-p", "Tides are", "-n", "4", "--vram-budget", "auto", "--vram-reserve", "100000")
+    assert r.returncode != 0 and "less than the margin" in r.stderr and "Traceback" not in r.stderr

@@ -1,17 +1,37 @@
 """`kairox run`: generate text from a prompt, streamed, then report speed."""
 from __future__ import annotations
 
+import math
 import sys
 
 import click
 from rich.table import Table
 
 from .. import _lib
-from ..hybrid import POLICIES
+from ..hybrid import POLICIES, VRAM_AUTO
 from ..llama import Model, SamplingParams, Session, default_threads
 from ._common import resolve_model, stderr_console
 
 CTX_ROUND = 256  # automatic context sizes are rounded up to this
+
+
+class VramBudget(click.ParamType):
+    """GiB >= 0, or `auto` (VRAM_AUTO): the device's free memory minus the margin."""
+
+    name = "GIB|auto"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        if str(value).strip().lower() == "auto":
+            return VRAM_AUTO
+        try:
+            v = float(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is neither a number of GiB nor 'auto'", param, ctx)
+        if not (v >= 0 and math.isfinite(v)):
+            self.fail(f"{value!r} must be >= 0 GiB (or 'auto')", param, ctx)
+        return v
 
 
 @click.command("run")
@@ -39,10 +59,13 @@ CTX_ROUND = 256  # automatic context sizes are rounded up to this
               help="Sparse FFN mode (auto: the model's own; dense for a plain GGUF).")
 @click.option("--threshold-scale", type=click.FloatRange(0.0, min_open=True), default=1.0,
               show_default=True, help="Multiply the calibrated sparsity thresholds.")
-@click.option("--vram-budget", "vram_budget", type=click.FloatRange(min=0.0), default=0.0,
-              show_default=True,
+@click.option("--vram-budget", "vram_budget", type=VramBudget(), default="0", show_default=True,
               help="Hybrid runtime: GiB of weights the device holds (dense parts first, then a "
-                   "neuron-group cache); 0 = CPU only. Runs predictor mode.")
+                   "neuron-group cache), or auto: the device's free memory minus the KV cache, "
+                   "compute buffers and --vram-reserve; 0 = CPU only. Runs predictor mode.")
+@click.option("--vram-reserve", type=click.FloatRange(min=0.0), default=0.5, show_default=True,
+              help="Hybrid runtime, --vram-budget auto: GiB of device memory left free besides the "
+                   "KV cache and compute buffers.")
 @click.option("--policy", type=click.Choice(list(POLICIES)), default="tam", show_default=True,
               help="Hybrid runtime: the cache's balancer policy (tam-t: TAM with a fixed lambda).")
 @click.option("--lambda", "lambda_init", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
@@ -62,7 +85,7 @@ CTX_ROUND = 256  # automatic context sizes are rounded up to this
 def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int | None,
         temp: float, top_k: int, top_p: float, chat: bool, n_ctx: int, batch_size: int,
         ignore_eos: bool, dense: bool, mode: str, threshold_scale: float, vram_budget: float,
-        policy: str, lambda_init: float, deterministic: bool, down_dense_share: float | None,
+        vram_reserve: float, policy: str, lambda_init: float, deterministic: bool, down_dense_share: float | None,
         use_mmap: bool, stats: bool, verbose: bool) -> None:
     """Generate text after PROMPT with MODEL (a GGUF file; default: SmolLM2-135M-Instruct,
     downloaded on first use). The text streams to stdout; a speed table follows on stderr."""
@@ -87,13 +110,14 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
         if dense and mode not in ("auto", "dense"):
             raise click.UsageError("--dense and --mode contradict each other")
         mode = "dense" if dense else mode
-        if vram_budget > 0:
+        if vram_budget != 0:
             if mode not in ("auto", "predictor"):
                 raise click.UsageError("--vram-budget runs the hybrid runtime, which needs predictor mode")
             mode = "predictor"
         stats = stats and m.has_sparsity and mode != "dense"
         with m.session(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads, mode=mode,
                        threshold_scale=threshold_scale, stats=stats, vram_budget_gib=vram_budget,
+                       vram_reserve_gib=vram_reserve,
                        policy=policy, lambda_init=lambda_init,
                        deterministic=deterministic,
                        down_dense_share=-1.0 if down_dense_share is None else down_dense_share) as session:
@@ -131,11 +155,15 @@ def _stats_table(session: Session) -> Table:
 
 def _hybrid_table(session: Session) -> Table:
     """What the device cache did per layer: hits, reloads, time, lambda."""
-    info = session.hybrid_info()
-    assert info is not None
+    info, budget = session.hybrid_info(), session.hybrid_budget()
+    assert info is not None and budget is not None
     gib = 1 << 30
+    auto = ""
+    if budget.is_auto:
+        auto = (f" (auto: {budget.device_free / gib:.3f} free - KV cache {budget.kv_bytes / gib:.3f} "
+                f"- compute {budget.compute_bytes / gib:.3f} - reserve {budget.reserve_bytes / gib:.3f})")
     table = Table(title=f"hybrid runtime ({info.device}, policy {info.policy}): budget "
-                        f"{info.budget_bytes / gib:.3f} GiB = dense {info.dense_bytes / gib:.3f} "
+                        f"{info.budget_bytes / gib:.3f} GiB{auto}; dense {info.dense_bytes / gib:.3f} "
                         f"+ cache {info.cache_bytes / gib:.3f} GiB, {info.n_slots}/{info.n_groups} "
                         f"groups of {info.group_size}", title_justify="left")
     for col in ("layer", "slots", "hit rate", "loads", "MiB reloaded", "io ms", "cpu ms",
