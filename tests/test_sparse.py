@@ -184,7 +184,10 @@ def test_completion_tool_runs_sparse(converted) -> None:  # type: ignore[no-unty
     ([], ["Kairox mode = threshold"]),
     # hybrid runtime: a budget above the dense parts (~54 MiB) leaves a neuron-group cache
     (["--kx-vram-budget", "0.08", "--kx-policy", "tam"], ["Kairox mode = predictor", "Kairox hybrid (CPU stand-in device)"]),
-], ids=["sparse", "hybrid"])
+    # the budget sized from the device's free memory, minus KV cache, compute buffers and reserve
+    (["--kx-vram-budget", "auto", "--kx-vram-reserve", "1"],
+     ["Kairox mode = predictor", "auto VRAM budget", "reserve 1.000 GiB", "Kairox hybrid (CPU stand-in device)"]),
+], ids=["sparse", "hybrid", "hybrid-auto"])
 def test_server_serves_kairox_model_sparse(converted, tmp_path: Path, extra: list[str], expect: list[str]) -> None:  # type: ignore[no-untyped-def]
     """llama-server from our tree: an OpenAI-compatible completion request, answered sparse
     (and in hybrid mode with a VRAM budget)."""
