@@ -34,11 +34,14 @@ from .corpus import Corpus
 from .errors import KairoxError
 from .format import SUPPORTED_ARCHES, activation_kind
 from .llama import ContextParams, Model, Profiler
+from .outputs import check_output_dir
 from .progress import make_progress
 
 PROFILE_VERSION = 1
 DEFAULT_TOKENS = 8192
 DEFAULT_CTX = 512
+#: everything run_profile writes into a profile directory (and so may replace there)
+PROFILE_FILES = ("meta.json", "inputs.npy", "hidden.npy")
 MIN_CHUNK = 16  # shorter tail chunks carry too little context to be representative
 F16_MAX = 65504.0
 
@@ -66,13 +69,15 @@ class ProfileMeta:
     corpus: str
     corpus_sha256: str
     seconds: float
+    tokens_requested: int = 0  # --tokens (n_tokens is less when the corpus is shorter); 0: not recorded
+
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ProfileMeta:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 class Profile:
@@ -187,9 +192,7 @@ def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str
     renamed at the end, so an interrupted run never leaves a half profile)."""
     if n_tokens < 1:
         raise KairoxError("--tokens must be at least 1")
-    out = Path(out_dir)
-    if not out.parent.is_dir():
-        raise KairoxError(f"directory does not exist: {out.parent}")
+    out = check_output_dir(out_dir, PROFILE_FILES, "profile")
     t0 = time.monotonic()
     model_path = Path(model_path)
     with Model(model_path) as model:
@@ -216,7 +219,7 @@ def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str
                 n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_tokens=total, ctx=ctx,
                 corpus=corpus.description,
                 corpus_sha256=hashlib.sha256(corpus.text.encode()).hexdigest(),
-                seconds=round(time.monotonic() - t0, 2))
+                seconds=round(time.monotonic() - t0, 2), tokens_requested=n_tokens)
             (tmp / "meta.json").write_text(meta.to_json())
             if out.exists():
                 shutil.rmtree(out)
@@ -266,14 +269,26 @@ def default_profile_dir(model_sha256: str, corpus: Corpus, n_tokens: int, ctx: i
 
 def open_or_run_profile(model_path: Path, corpus: Corpus, directory: Path, *, n_tokens: int,
                         ctx: int = DEFAULT_CTX, threads: int | None = None,
-                        console: Console | None = None) -> tuple[Profile, bool]:
-    """The profile in `directory` if there is one (it must come from this model file),
-    else a new one profiled into it. Returns (profile, reused)."""
+                        console: Console | None = None, match_corpus: bool = False,
+                        match_tokens: bool = False) -> tuple[Profile, bool]:
+    """The profile in `directory` if there is one (it must come from this model file, and with
+    match_corpus / match_tokens from this corpus / token count: a user who names a corpus must
+    not get a profile of another one without a word), else a new one profiled into it.
+    Returns (profile, reused)."""
     if directory.exists():
         prof = Profile(directory)
-        if prof.meta.model_sha256 != file_sha256(model_path):
+        m = prof.meta
+        if m.model_sha256 != file_sha256(model_path):
             raise KairoxError(f"profile {directory} was made from another model "
-                              f"({prof.meta.model_path}); profile this one into another directory")
+                              f"({m.model_path}); profile this one into another directory")
+        again = "give another profile directory to profile again, or leave the option out to reuse it"
+        if match_corpus and m.corpus_sha256 != hashlib.sha256(corpus.text.encode()).hexdigest():
+            raise KairoxError(f"profile {directory} was made from another corpus ({m.corpus}) than "
+                              f"--corpus; {again}")
+        requested = m.tokens_requested or m.n_tokens
+        if match_tokens and requested != n_tokens:
+            raise KairoxError(f"profile {directory} holds {m.n_tokens} tokens (--tokens {requested}), not "
+                              f"--tokens {n_tokens}; {again}")
         return prof, True
     return run_profile(model_path, corpus, directory, n_tokens=n_tokens, ctx=ctx,
                        threads=threads, console=console), False

@@ -44,12 +44,15 @@ from rich.console import Console
 from . import format as fmt
 from .errors import KairoxError
 from .llama import ContextParams, Model, Profiler
+from .outputs import check_output_dir
 from .profile import file_sha256, magnitude_quantile
 from .progress import make_progress
 from .quant import dequantize
 
 TRACE_VERSION = 1
 DEFAULT_STEPS = 256
+#: everything record_traces writes into a trace directory (and so may replace there)
+TRACE_FILES = ("meta.json", "active.npy", "predicted.npy", "tokens.npy", "group_freq.npy")
 DEFAULT_SPARSITY = 0.5
 
 
@@ -321,9 +324,7 @@ def record_traces(model_path: str | os.PathLike[str], prompts: Sequence[str],
         raise KairoxError("--steps must be at least 2")
     if not prompts:
         raise KairoxError("no prompts")
-    out = Path(out_dir)
-    if not out.parent.is_dir():
-        raise KairoxError(f"directory does not exist: {out.parent}")
+    out = check_output_dir(out_dir, TRACE_FILES, "trace")
     t0 = time.monotonic()
     model_path = Path(model_path)
     with Model(model_path) as model:

@@ -9,7 +9,8 @@ from rich.table import Table
 from ..corpus import load_corpus
 from ..profile import DEFAULT_CTX, DEFAULT_TOKENS, run_profile
 from ..selftext import with_self_text
-from ..traces import DEFAULT_STEPS, TraceOptions
+from ..outputs import check_output_dir
+from ..traces import DEFAULT_STEPS, TRACE_FILES, TraceOptions
 from ._common import resolve_model, stderr_console
 from .trace import run_trace
 
@@ -47,6 +48,8 @@ def profile(model: str | None, out_dir: str, corpus: tuple[str, ...], tokens: in
     the decode traces of generated continuations (the paper's 256-step sequences)."""
     if (kairox_path or prompts_path) and not generate_dir:
         raise click.UsageError("--kairox and --prompts go with --generate")
+    if generate_dir:  # before the profile's minutes, not after them
+        check_output_dir(generate_dir, TRACE_FILES, "trace")
     console = stderr_console()
     path = resolve_model(model, console)
     text = with_self_text(load_corpus(list(corpus), "profile"), path, self_text, threads=threads, console=console)

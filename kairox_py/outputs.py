@@ -1,0 +1,57 @@
+"""Checks on where a command will write, made before it spends minutes computing.
+
+A command that profiles, trains or benchmarks for minutes and only then finds that it cannot
+write its result wastes the user's time; one that replaces an output directory must never
+delete files it did not write itself. Every command that writes goes through these two.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from .errors import KairoxError
+
+
+def _check_parent(path: Path) -> None:
+    parent = path.parent
+    if not parent.is_dir():
+        raise KairoxError(f"directory does not exist: {parent}")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise KairoxError(f"cannot write into {parent} (permission denied or read-only file system)")
+
+
+def check_output_file(path: str | os.PathLike[str]) -> Path:
+    """A file the command will create or replace (atomically, through a sibling temporary):
+    its directory must exist and be writable, and the path must not be a directory."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise KairoxError(f"{p} is a directory, not a file")
+    _check_parent(p)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise KairoxError(f"cannot write {p} (permission denied or read-only file system)")
+    return p
+
+
+def check_output_dir(path: str | os.PathLike[str], owned: Iterable[str], command: str) -> Path:
+    """A directory the command will create, or replace as a whole (written to a temporary
+    sibling, then renamed over it). An existing directory is replaced only when everything in it
+    is one of the names `owned` that the command itself writes: a typo in -o must not delete
+    someone's documents, nor the current directory."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise KairoxError(f"{p} exists and is not a directory")
+    resolved = p.resolve()
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents or resolved.parent == resolved:
+        raise KairoxError(f"refusing to replace {p}: it is the current directory, one of its "
+                          "parents or the root; give a new or empty directory")
+    _check_parent(resolved)
+    if p.is_dir():
+        allowed = set(owned)
+        foreign = sorted(e.name for e in p.iterdir() if e.name not in allowed)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise KairoxError(f"refusing to replace {p}: it holds files that `kairox {command}` did not "
+                              f"write ({shown}); give a new or empty directory")
+    return p
