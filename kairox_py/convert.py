@@ -52,6 +52,7 @@ from .profile import (
     magnitude_quantile,
     open_or_run_profile,
 )
+from .outputs import check_output_file
 from .progress import make_progress
 from .quant import check_quantizable, dequantize, ggml_type, quantize, row_nbytes
 from .selftext import with_self_text
@@ -96,6 +97,10 @@ class ConvertOptions:
     ctx: int = DEFAULT_CTX
     threads: int | None = None
     train: TrainConfig = field(default_factory=TrainConfig)
+    # an existing --profile directory is reused only if it was made from this corpus / with
+    # this many tokens (set when the user gave --corpus / --tokens explicitly)
+    profile_match_corpus: bool = False
+    profile_match_tokens: bool = False
 
 
 @dataclass
@@ -200,6 +205,7 @@ def check_output(out: Path, inp_path: Path) -> None:
         raise KairoxError("the output would overwrite the input")
     if out.is_dir():
         raise KairoxError(f"output is a directory: {out}")
+    check_output_file(out)  # writable: found now, not after minutes of profiling and training
 
 
 # ---------------------------------------------------------------------------------------
@@ -449,7 +455,9 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     pdir = Path(profile_dir) if model_sha is None else default_profile_dir(model_sha, corpus, opts.tokens, opts.ctx)
     pdir.parent.mkdir(parents=True, exist_ok=True)
     prof, reused = open_or_run_profile(in_p, corpus, pdir, n_tokens=opts.tokens, ctx=opts.ctx,
-                                       threads=opts.threads, console=console)
+                                       threads=opts.threads, console=console,
+                                       match_corpus=opts.profile_match_corpus,
+                                       match_tokens=opts.profile_match_tokens)
     if (prof.meta.n_layer, prof.meta.n_embd, prof.meta.n_ff) != (inp.n_layer, inp.n_embd, inp.n_ff):
         raise KairoxError(f"profile {pdir} does not match the model's dimensions")
     seconds["profile"] = time.monotonic() - t

@@ -35,6 +35,13 @@ from ..report import write_layer_report
 from ._common import stderr_console
 
 
+def _given(param: str) -> bool:
+    """Whether the user typed this option (not its default): an explicit --corpus/--tokens must
+    match a reused --profile directory."""
+    src = click.get_current_context().get_parameter_source(param)
+    return src is click.core.ParameterSource.COMMANDLINE
+
+
 @click.command("convert")
 @click.argument("input_path", metavar="IN.gguf", type=click.Path(dir_okay=False))
 @click.argument("output_path", metavar="OUT.gguf", type=click.Path(dir_okay=False))
@@ -91,7 +98,8 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
                           down_type=down_type.lower(), mode=mode, predictor=not no_predictor,
                           pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=not no_reorder,
                           tokens=tokens, threads=threads, train=TrainConfig(recall=recall, epochs=epochs),
-                          self_text=self_text)
+                          self_text=self_text,
+                          profile_match_corpus=_given("corpus"), profile_match_tokens=_given("tokens"))
     text = load_corpus(list(corpus), "profile")
     res = run_convert(input_path, output_path, text, opts, profile_dir=profile_dir,
                       console=console)
