@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -57,7 +58,10 @@ def _run(argv: Sequence[str] | None) -> int:
     except click.ClickException as e:  # bad arguments (exit 2) and command errors (exit 1)
         _error(e.format_message())
         return e.exit_code
-    except click.Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
+    except click.Abort as e:  # Ctrl-C (click turns KeyboardInterrupt into Abort), or SIGTERM
+        if isinstance(e.__cause__, Terminated):
+            _error("terminated")
+            return 128 + signal.SIGTERM
         _error("interrupted")
         return 130
     except KairoxError as e:
@@ -74,8 +78,18 @@ def _run(argv: Sequence[str] | None) -> int:
         return 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`timeout`, `kill`, a service manager), raised like Ctrl-C so that the same
+    cleanup runs: temporary files of atomic writes are removed, native objects closed."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `kairox` script."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
     sys.exit(_run(argv))
 
 
