@@ -16,7 +16,7 @@ import math
 import os
 import re
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,10 @@ GGUF_MAGIC = b"GGUF"
 
 #: A chat message: {"role": ..., "content": ...} or (role, content).
 Message = Mapping[str, str] | Sequence[str]
+
+
+#: ggml's GGML_MAX_N_THREADS: its thread pools hold at most this many (more crash in OpenMP)
+MAX_THREADS = 512
 
 
 def default_threads() -> int:
@@ -393,6 +397,10 @@ class ContextParams:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise KairoxError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("n_threads", "n_threads_batch"):
+            v = getattr(self, name)
+            if v is not None and v > MAX_THREADS:
+                raise KairoxError(f"{name} must be at most {MAX_THREADS} (ggml's limit), got {v}")
         if self.mode not in _lib.KAIROX_MODES:
             raise KairoxError(f"mode must be one of {', '.join(_lib.KAIROX_MODES)}, got {self.mode!r}")
         if not (self.threshold_scale > 0 and math.isfinite(self.threshold_scale)):
@@ -622,6 +630,8 @@ class Session:
         self.last_tokens: list[int] = []
         #: why the latest generate() stopped: "eog", "length" or "context"
         self.stop_reason: str | None = None
+        #: the latest generate()'s generator while it may still decode (weak: dropping it ends it)
+        self._active_gen: weakref.ref[Generator[str, None, None]] | None = None
         self._finalizer = weakref.finalize(self, _free_session, lib, ctx, self._batch)
         model._sessions.add(self)
 
@@ -809,6 +819,11 @@ class Session:
         """
         sampling = sampling or SamplingParams()
         sampling.validate()
+        active = self._active_gen() if self._active_gen is not None else None
+        if active is not None and active.gi_frame is not None:
+            # both would decode into the one KV sequence and each corrupt the other's context
+            raise KairoxError("another generate() of this session is still open: exhaust it or "
+                              "call its close() first (or use a second Session)")
         if not isinstance(n_predict, int) or n_predict < 0:
             raise KairoxError(f"n_predict must be >= 0, got {n_predict!r}")
         if isinstance(prompt, str):
@@ -826,7 +841,9 @@ class Session:
             self.reset()
         self.last_tokens = []
         self.stop_reason = None
-        return self._generate(tokens, n_predict, sampling)
+        gen = self._generate(tokens, n_predict, sampling)
+        self._active_gen = weakref.ref(gen)
+        return gen
 
     def _generate(self, tokens: list[int], n_predict: int,
                   sampling: SamplingParams) -> Iterator[str]:

@@ -5,11 +5,12 @@ import math
 import sys
 
 import click
+from rich.console import Console
 from rich.table import Table
 
 from .. import _lib
 from ..hybrid import POLICIES, VRAM_AUTO
-from ..llama import Model, SamplingParams, Session, default_threads
+from ..llama import MAX_THREADS, Model, SamplingParams, Session, default_threads
 from ._common import resolve_model, stderr_console
 
 CTX_ROUND = 256  # automatic context sizes are rounded up to this
@@ -39,7 +40,7 @@ class VramBudget(click.ParamType):
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=1), default=128, show_default=True,
               help="Most tokens to generate.")
-@click.option("-t", "--threads", type=click.IntRange(min=1, max=4096), default=default_threads(),
+@click.option("-t", "--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=default_threads(),
               show_default=True, help="CPU threads.")
 @click.option("--seed", type=int, default=None, help="Sampling seed (default: random).")
 @click.option("--temp", type=float, default=0.0, show_default=True,
@@ -50,7 +51,8 @@ class VramBudget(click.ParamType):
               show_default=True, help="Top-p when sampling (1 = off).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--ctx", "n_ctx", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Context size; 0 = just enough for the prompt and -n tokens.")
+              help="Context size (llama.cpp rounds it up to a multiple of 256); 0 = just enough for "
+                   "the prompt and -n tokens, at most the model's training context.")
 @click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True,
               help="Most prompt tokens per decode call.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation.")
@@ -71,7 +73,9 @@ class VramBudget(click.ParamType):
 @click.option("--lambda", "lambda_init", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
               help="Hybrid runtime: TAM's decay at start (0: the default, 0.5).")
 @click.option("--deterministic", is_flag=True,
-              help="Hybrid runtime: no timing feedback (fixed lambda, same tokens run to run).")
+              help="Reproducible output: the sparse down projection sums in double, so results do not "
+                   "depend on the thread count or (hybrid runtime) on where neurons live; the hybrid "
+                   "runtime also uses no timing feedback (fixed lambda, same tokens run to run).")
 @click.option("--down-dense-share", type=click.FloatRange(min=0.0), default=None,
               help="Share of active neurons above which the sparse down projection reads ffn_down "
                    "in order (0: always, >= 1: never; default: the model's, from kairox calibrate, "
@@ -91,6 +95,8 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
     downloaded on first use). The text streams to stdout; a speed table follows on stderr."""
     if not prompt.strip():
         raise click.UsageError("prompt is empty")
+    if not math.isfinite(temp):
+        raise click.BadParameter("must be a number", param_hint="'--temp'")
     if seed is not None and seed != -1 and not 0 <= seed < _lib.LLAMA_DEFAULT_SEED:
         raise click.BadParameter(f"must be in [0, {_lib.LLAMA_DEFAULT_SEED - 1}] or -1",
                                  param_hint="'--seed'")
@@ -106,7 +112,17 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
         if n_ctx and len(tokens) >= n_ctx:
             raise click.UsageError(f"the prompt has {len(tokens)} tokens: --ctx {n_ctx} leaves "
                                    f"no room to generate")
-        ctx_size = n_ctx or -(-(len(tokens) + n_predict) // CTX_ROUND) * CTX_ROUND
+        train = m.n_ctx_train
+        if train > 0 and len(tokens) > train:
+            console.print(f"[yellow]warning:[/] the prompt has {len(tokens)} tokens, more than the "
+                          f"{train} this model was trained on: expect degraded output")
+        # just enough for the prompt and -n, but never beyond what the model was trained on
+        # (as llama.cpp's default context): a huge -n then stops at "context", not at a failed
+        # allocation
+        want = len(tokens) + n_predict
+        if train > 0:
+            want = min(want, max(train, len(tokens) + 1))
+        ctx_size = n_ctx or -(-want // CTX_ROUND) * CTX_ROUND
         if dense and mode not in ("auto", "dense"):
             raise click.UsageError("--dense and --mode contradict each other")
         mode = "dense" if dense else mode
@@ -114,6 +130,7 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
             if mode not in ("auto", "predictor"):
                 raise click.UsageError("--vram-budget runs the hybrid runtime, which needs predictor mode")
             mode = "predictor"
+        _warn_ignored(console, m.has_sparsity, vram_budget != 0)
         stats = stats and m.has_sparsity and mode != "dense"
         with m.session(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads, mode=mode,
                        threshold_scale=threshold_scale, stats=stats, vram_budget_gib=vram_budget,
@@ -127,6 +144,28 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
                 console.print(_stats_table(session))
                 if session.hybrid_info() is not None:
                     console.print(_hybrid_table(session))
+
+
+def _warn_ignored(console: Console, kairox_model: bool, hybrid: bool) -> None:
+    """Options the user typed that this run cannot honour get a warning, not silence."""
+    ctx = click.get_current_context()
+
+    def given(*names: str) -> list[str]:
+        flags = {p.name: max(p.opts, key=len) for p in ctx.command.params}
+        return [flags[n] for n in names
+                if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+
+    if not kairox_model:
+        ignored = given("threshold_scale", "down_dense_share", "stats", "deterministic", "policy",
+                        "lambda_init", "vram_reserve")
+        if ignored:
+            console.print(f"[yellow]warning:[/] not a Kairox GGUF (no sparsity data; see kairox convert): "
+                          f"it runs dense, ignoring {', '.join(ignored)}")
+    elif not hybrid:
+        ignored = given("policy", "lambda_init", "vram_reserve")
+        if ignored:
+            console.print(f"[yellow]warning:[/] {', '.join(ignored)} only apply to the hybrid runtime "
+                          "(--vram-budget GIB|auto); ignored")
 
 
 def _stream(session: Session, tokens: list[int], n_predict: int,
