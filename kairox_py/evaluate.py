@@ -1,6 +1,6 @@
 """`kairox eval`: perplexity with every token through the sparse FFN, as in decode.
 
-Each held-out chunk (ctx tokens, BOS first) is decoded in ONE call with
+Each held-out chunk (up to ctx tokens, BOS first) is decoded in ONE call with
 ``ContextParams(n_batch=ctx, max_sparse_tokens=ctx)``: the library then runs every token
 of the call through the sparse FFN with its own mask (never the dense prefill path, never
 a union of masks), so the perplexity is what token-by-token decoding would see, at the
@@ -64,20 +64,23 @@ class EvalResult:
 
 
 def eval_chunks(model: Model, corpus: Corpus, n_tokens: int, ctx: int) -> list[list[int]]:
-    """Consecutive chunks of `ctx` tokens (BOS first) covering up to n_tokens of text."""
+    """Consecutive chunks of at most `ctx` tokens (BOS first) holding at most n_tokens tokens of
+    text, so at most n_tokens positions are scored; the last chunk may be shorter. A tail
+    shorter than a quarter of a chunk is dropped (too little context to be representative)
+    unless it is all that was asked for."""
     toks = model.tokenize(corpus.text, add_special=False)
     if not toks:
         raise KairoxError("the evaluation text is empty")
     bos = [model.bos] if model.add_bos and model.bos >= 0 else []
     body = ctx - len(bos)
+    need = max(2, min(body // 4, n_tokens))
+    end = min(len(toks), n_tokens)
     chunks = []
-    for i in range(0, len(toks), body):
-        c = toks[i:i + body]
-        if len(c) < body // 4:
+    for i in range(0, end, body):
+        c = toks[i:min(i + body, end)]
+        if len(c) < need:
             break
         chunks.append(bos + c)
-        if sum(len(x) for x in chunks) >= n_tokens:
-            break
     if not chunks:
         raise KairoxError("the evaluation text is too short")
     return chunks
@@ -183,6 +186,19 @@ def run_sweep(reference_model: str | None, settings: Sequence[EvalSetting], corp
             results.append(r)
             bar.advance(task)
     return results
+
+
+def sweep_title(settings: Sequence[EvalResult], description: str) -> str:
+    """The table's title, saying what the settings (the results without the dense reference)
+    ran: a plain GGUF, or --mode dense, runs the dense FFN."""
+    modes = {r.mode for r in settings}
+    if modes == {"dense"}:
+        how = "dense FFN (no sparse mode ran)"
+    elif "dense" in modes:
+        how = "every token sparse except in the rows of mode dense"
+    else:
+        how = "every token sparse"
+    return f"Perplexity on {description}, {how}"
 
 
 def write_sweep(results: Sequence[EvalResult], out_dir: str | os.PathLike[str],

@@ -33,6 +33,19 @@ def check_output_file(path: str | os.PathLike[str]) -> Path:
     return p
 
 
+def check_output_into(path: str | os.PathLike[str]) -> Path:
+    """A directory the command writes its files into (creating it, never its parents), keeping
+    what else is there: eval, simulate and bench."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise KairoxError(f"{p} exists and is not a directory")
+    if not p.is_dir():
+        check_output_file(p)  # a new directory: its parent must exist and be writable
+    elif not os.access(p, os.W_OK | os.X_OK):
+        raise KairoxError(f"cannot write into {p} (permission denied or read-only file system)")
+    return p
+
+
 def check_output_dir(path: str | os.PathLike[str], owned: Iterable[str], command: str) -> Path:
     """A directory the command will create, or replace as a whole (written to a temporary
     sibling, then renamed over it). An existing directory is replaced only when everything in it

@@ -195,9 +195,35 @@ def test_trace_and_simulate_cli(run_cli, tmp_path: Path) -> None:  # type: ignor
     (["simulate", "{trace}", "--policy", "fifo"], "policy"),
     (["simulate", "{trace}", "--group-size", "7"], "group-size"),
     (["simulate", "{trace}", "--lambda-min", "0", "--kind", "active"], "lambda"),
+    (["simulate", "{trace}", "--lambda", "0.3", "--lambda-min", "0.4"], "--lambda-min"),
+    (["simulate", "{trace}", "--n-seq", "5"], "the trace has 2 sequences"),
 ])
 def test_simulate_bad_input(run_cli, synth: Trace, args: list[str], msg: str) -> None:  # type: ignore[no-untyped-def]
     r = run_cli(*[a.replace("{trace}", str(synth.dir)) for a in args])
     assert r.returncode in (1, 2)
     assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
     assert msg in r.stderr.lower()
+
+
+def test_simulate_checks_before_work(run_cli, synth: Trace, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """-o is checked before the simulations, and its missing parents are not created."""
+    out = tmp_path / "missing" / "sim"
+    r = run_cli("simulate", str(synth.dir), "-o", str(out))
+    assert r.returncode == 1 and r.stderr == f"error: directory does not exist: {out.parent}\n", r.stderr
+    assert not out.parent.exists()
+    (tmp_path / "file").write_text("x")
+    r = run_cli("simulate", str(synth.dir), "-o", str(tmp_path / "file"))
+    assert r.returncode in (1, 2) and "is a file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_simulate_run_spellings_and_low_lambda(run_cli, synth: Trace, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`kairox run --policy` names work here too (tam-t: TAM at a fixed lambda), and a --lambda
+    below the default floor lowers the floor instead of failing."""
+    out = tmp_path / "sim"
+    r = run_cli("simulate", str(synth.dir), "--policy", "tam-t,tam", "--lambda", "0.3", "--preset",
+                "pc-low", "--budget", "0.5", "--kind", "active", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = {row["policy"]: row for row in csv.DictReader(open(out / "summary.csv"))}
+    assert set(rows) == {"tam_fixed", "tam"}
+    assert float(rows["tam_fixed"]["lambda"]) == pytest.approx(0.3)
+    assert 0.3 - 1e-6 <= float(rows["tam"]["lambda"]) <= 0.95

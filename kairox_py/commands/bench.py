@@ -21,7 +21,7 @@ from ..bench import (
     write_outputs,
 )
 from ..default_model import cache_dir
-from ..errors import KairoxError
+from ..outputs import check_output_into
 from ..llama import ContextParams, Model, default_threads
 from ..synthetic import SHAPES, SYNTHETIC_VERSION, SparseSpec, pred_threshold_for, write_synthetic_llama
 from ._common import resolve_model, stderr_console
@@ -70,16 +70,25 @@ def bench(sparse_model: str | None, dense_model: str | None, prompts_file: str |
     Kairox GGUF), interleaved in one process. Writes bench.md, bench.csv, layers.csv, bench.png and
     ends with a summary block (scripts/parse_bench_logs.py turns logs into tables)."""
     console = stderr_console()
-    prompts = tuple(load_prompts(prompts_file)[:max_prompts])
+    # every check before the minutes of benchmarking
+    if synthetic and (sparse_model or dense_model):
+        raise click.UsageError("--synthetic benches its own random-weight models: drop "
+                               f"{'SPARSE_MODEL' if sparse_model else '--dense-model'} or --synthetic")
+    if not synthetic and sparse_model is None:
+        raise click.UsageError("pass a Kairox GGUF (made by `kairox convert`), or --synthetic")
     modes = tuple(m.strip() for m in gen_modes.split(",") if m.strip())
-    out = Path(out_dir)
+    if not modes or any(m not in ("standard", "speculative") for m in modes):
+        raise click.BadParameter(f"expected a comma list of standard, speculative, got {gen_modes!r}",
+                                 param_hint="'--gen-modes'")
+    dens = _densities(density) if synthetic else []
+    out = check_output_into(out_dir)
+    prompts = tuple(load_prompts(prompts_file)[:max_prompts])
     share = -1.0 if down_dense_share is None else down_dense_share
     if synthetic:
-        _bench_synthetic(synthetic, density, pred_rank, pred_type, prompts, n_predict, runs, warmup,
+        _bench_synthetic(synthetic, dens, pred_rank, pred_type, prompts, n_predict, runs, warmup,
                          threads, out, label, op_profile, use_mmap, share)
         return
-    if sparse_model is None:
-        raise click.UsageError("pass a Kairox GGUF (made by `kairox convert`), or --synthetic")
+    assert sparse_model is not None
     dense = resolve_model(dense_model, console)
     cfg = BenchConfig(dense_model=dense, sparse_model=Path(sparse_model), prompts=prompts, n_predict=n_predict,
                       runs=runs, warmup=warmup, threads=threads, gen_modes=modes, n_draft=n_draft,
@@ -153,15 +162,23 @@ def _op_profile_lines(cfg: BenchConfig, layers: list[float], out: Path, console)
                       f"kairox_us_per_token={sparse.wall_us_per_token:.1f}"])
 
 
-def _bench_synthetic(shape: str, density: str, pred_rank: int, pred_type: str, prompts: tuple[str, ...],
+def _densities(text: str) -> list[float]:
+    """--density as shares in (0, 1) (what pred_threshold_for accepts), checked up front."""
+    try:
+        dens = [float(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        dens = []
+    if not dens or any(not 0.0 < d < 1.0 for d in dens):
+        raise click.BadParameter(f"expected a comma list of shares in (0, 1), got {text!r}",
+                                 param_hint="'--density'")
+    return dens
+
+
+def _bench_synthetic(shape: str, dens: list[float], pred_rank: int, pred_type: str, prompts: tuple[str, ...],
                      n_predict: int, runs: int, warmup: int, threads: int, out: Path, label: str,
                      op_profile: bool, use_mmap: bool, down_dense_share: float = -1.0) -> None:
     """Synthetic random-weight models (speed only): dense vs sparse at each density."""
     console = stderr_console()
-    try:
-        dens = [float(d) for d in density.split(",") if d.strip()]
-    except ValueError:
-        raise KairoxError(f"bad --density {density!r}") from None
     spec = SparseSpec(pred_rank=pred_rank, pred_type=pred_type)
     root = cache_dir() / "synthetic"
     root.mkdir(parents=True, exist_ok=True)

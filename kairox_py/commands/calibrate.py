@@ -9,6 +9,7 @@ from rich.table import Table
 from .. import _lib
 from ..calibrate import DEFAULT_PROMPT, measure, write_share
 from ..llama import default_threads
+from ..outputs import check_output_file
 from ._common import stderr_console
 
 
@@ -32,6 +33,9 @@ def calibrate(model: str, threads: int, tokens: int, rounds: int, mode: str, pro
     in MODEL, so that kairox run, llama-cli and llama-server pick the faster path here."""
     console = stderr_console()
     path = Path(model).expanduser()
+    if write and path.is_file():  # before the timing, not after it (a missing file: Model says so)
+        # the share is written in place, or the file rewritten through a sibling temporary
+        check_output_file(path)
     cal = measure(path, threads, tokens, rounds, mode, prompt, console)
     table = Table(title=f"Sparse down crossover: {path.name}", title_justify="left")
     table.add_column("")

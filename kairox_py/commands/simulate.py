@@ -8,6 +8,7 @@ from rich.table import Table
 
 from ..balancer import POLICIES, Balancer, BalancerConfig
 from ..errors import KairoxError
+from ..outputs import check_output_into
 from ..progress import make_progress
 from ..simfigures import fig5, fig8, fig10, fig11, fig13
 from ..simreport import bar_markdown, bar_rows, cost_notes, run_grid, write_reports
@@ -26,6 +27,9 @@ from ._common import stderr_console
 
 #: budgets of the throughput-vs-VRAM figure (fig13), added to --budget with --figures
 FIG13_BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+#: `kairox run --policy` spellings accepted too (kairox_py.hybrid.POLICIES), so that both commands
+#: take the same names; reports keep the balancer's own
+POLICY_ALIASES = {"tam-t": "tam_fixed"}
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -38,15 +42,16 @@ def _floats(text: str, what: str) -> list[float]:
     return vals
 
 
-def _names(text: str, allowed: dict | tuple, what: str) -> list[str]:
+def _names(text: str, allowed: dict | tuple, what: str, aliases: dict[str, str] | None = None) -> list[str]:
     if text == "all":
         return list(allowed)
+    aliases = aliases or {}
     names = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [n for n in names if n not in allowed]
+    bad = [n for n in names if n not in allowed and n not in aliases]
     if bad or not names:
         raise click.BadParameter(f"unknown {what} '{','.join(bad) or text}' (one of "
-                                 f"{', '.join(allowed)}, or all)")
-    return names
+                                 f"{', '.join([*allowed, *aliases])}, or all)")
+    return list(dict.fromkeys(aliases.get(n, n) for n in names))
 
 
 @click.command("simulate")
@@ -60,7 +65,8 @@ def _names(text: str, allowed: dict | tuple, what: str) -> list[str]:
 @click.option("--vram-mib", type=click.FloatRange(min=0.0), default=None,
               help="VRAM budget for the FFN cache in MiB (all layers) instead of --budget.")
 @click.option("--policy", "policies", default="all", show_default=True,
-              help=f"Policies: {', '.join(POLICIES)} (comma-separated, or all).")
+              help=f"Policies: {', '.join(POLICIES)} (comma-separated, or all); tam-t, as "
+                   "`kairox run --policy` names it, is tam_fixed (TAM with a fixed lambda).")
 @click.option("--mode", type=click.Choice(MODES), default="wait", show_default=True,
               help="wait: a layer's GPU FFN waits for its reloads (the paper's pipeline); "
                    "async: late groups run on the CPU instead.")
@@ -70,9 +76,14 @@ def _names(text: str, allowed: dict | tuple, what: str) -> list[str]:
 @click.option("--group-size", type=click.IntRange(min=1), default=None,
               help="Neurons per group (default: the trace's Kairox GGUF's).")
 @click.option("--lambda", "lam", type=float, default=BalancerConfig.lambda_init, show_default=True,
-              help="TAM decay (initial value for adaptive TAM).")
-@click.option("--lambda-min", type=float, default=BalancerConfig.lambda_min, show_default=True)
-@click.option("--lambda-max", type=float, default=BalancerConfig.lambda_max, show_default=True)
+              help="TAM decay (initial value for adaptive TAM, whose range it widens when "
+                   "outside the default --lambda-min/--lambda-max).")
+@click.option("--lambda-min", type=float, default=None,
+              help=f"Adaptive TAM's lowest lambda (default: {BalancerConfig.lambda_min}, or --lambda "
+                   "when that is lower).")
+@click.option("--lambda-max", type=float, default=None,
+              help=f"Adaptive TAM's highest lambda (default: {BalancerConfig.lambda_max}, or --lambda "
+                   "when that is higher).")
 @click.option("--alpha", type=float, default=BalancerConfig.alpha, show_default=True,
               help="Adaptation rate of lambda (and of the load cap).")
 @click.option("--eps", type=float, default=BalancerConfig.eps, show_default=True,
@@ -91,7 +102,7 @@ def _names(text: str, allowed: dict | tuple, what: str) -> list[str]:
                    "into --out (adds the budgets of figure 13).")
 def simulate(trace_dir: str, out_dir: str | None, presets: str, budgets: str, vram_mib: float | None,
              policies: str, mode: str, kind: str, group_size: int | None, lam: float,
-             lambda_min: float, lambda_max: float, alpha: float, eps: float, max_loads: int,
+             lambda_min: float | None, lambda_max: float | None, alpha: float, eps: float, max_loads: int,
              adapt_cap: bool, cpu_csv: str | None, n_seq: int | None, figures: bool) -> None:
     """Replay the decode trace TRACE (from `kairox trace`) through balancer policies with a
     GPU+CPU cost model of the paper's PCs; prints throughput, CPU/I/O time, stalls, hit rate
@@ -102,7 +113,12 @@ def simulate(trace_dir: str, out_dir: str | None, presets: str, budgets: str, vr
         raise click.UsageError("--figures needs --out")
     trace = Trace(trace_dir)
     preset_names = _names(presets, PRESETS, "preset")
-    policy_names = _names(policies, POLICIES, "policy")
+    policy_names = _names(policies, POLICIES, "policy", POLICY_ALIASES)
+    if n_seq is not None and n_seq > trace.n_seq:
+        raise click.BadParameter(f"the trace has {trace.n_seq} sequence{'s' * (trace.n_seq != 1)}, "
+                                 f"not {n_seq}", param_hint="'--n-seq'")
+    if out_dir:  # before the simulations, not after them
+        check_output_into(out_dir)
     gs = group_size or trace.meta.group_size
     if trace.n_ff % gs:
         raise KairoxError(f"--group-size {gs} does not divide the FFN width {trace.n_ff}")
@@ -115,14 +131,26 @@ def simulate(trace_dir: str, out_dir: str | None, presets: str, budgets: str, vr
     else:
         budget_list = _floats(budgets, "--budget")
     if any(not 0.0 <= b <= 1.0 for b in budget_list):
-        raise KairoxError("--budget values must be in [0, 1]")
+        raise click.BadParameter("values must be in [0, 1]", param_hint="'--budget'")
     grid = sorted(set(budget_list) | (set(FIG13_BUDGETS) if figures else set()))
     cpu = DEFAULT_CPU if cpu_csv is None else _calibration(cpu_csv, trace)
+    # adaptive TAM starts inside [lambda_min, lambda_max]: a --lambda outside the default range
+    # moves that bound, while bounds the user gave are kept and must hold it
+    if not 0.0 < lam < 1.0:
+        raise click.BadParameter("must be in (0, 1)", param_hint="'--lambda'")
+    if lambda_min is None:
+        lambda_min = min(BalancerConfig.lambda_min, lam)
+    elif lambda_min > lam:
+        raise click.UsageError(f"--lambda {lam:g} is below --lambda-min {lambda_min:g}")
+    if lambda_max is None:
+        lambda_max = max(BalancerConfig.lambda_max, lam)
+    elif lambda_max < lam:
+        raise click.UsageError(f"--lambda {lam:g} is above --lambda-max {lambda_max:g}")
     bal = BalancerConfig(lambda_init=lam, lambda_min=lambda_min, lambda_max=lambda_max, alpha=alpha,
                          eps=eps, max_loads=max_loads, adapt_cap=adapt_cap)
     Balancer([1], [1], bal).close()  # bad hyperparameters: one error line before any progress
     base = SimConfig(balancer=bal, mode=mode, kind=kind, group_size=gs)
-    seqs = list(range(min(n_seq, trace.n_seq))) if n_seq else None
+    seqs = list(range(n_seq)) if n_seq else None
     data = SequenceData(trace, kind, gs, seqs)
     total = len(preset_names) * len(grid) * len(policy_names)
     with make_progress(console) as bar:
