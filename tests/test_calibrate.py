@@ -62,6 +62,32 @@ def test_calibrate_writes_the_share(converted, tmp_path: Path, run_cli) -> None:
     assert _share(path) == pytest.approx(0.25)
 
 
+def test_unwritable_model_refused_before_timing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A model calibrate cannot write back to fails at once, not after the timing (os.access is
+    faked: as root a read-only file stays writable)."""
+    import os
+
+    from kairox_py.cli import _run
+
+    path = tmp_path / "kx.gguf"
+    path.write_bytes(b"GGUF")
+    path.chmod(0o444)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **kw: False if Path(p) == path and mode & os.W_OK
+                        else real(p, mode, *a, **kw))
+
+    def never(*_a: object, **_kw: object) -> None:
+        raise AssertionError("measured before checking that the result can be written")
+
+    monkeypatch.setattr("kairox_py.commands.calibrate.measure", never)
+    assert _run(["calibrate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: cannot write {path} (permission denied or read-only file system)\n", err
+    assert _run(["calibrate", str(path), "--no-write"]) == 1  # nothing to write: straight to timing
+    assert "measured before" in capsys.readouterr().err
+
+
 def test_both_paths_same_output(converted) -> None:  # type: ignore[no-untyped-def]
     """The share only picks how ffn_down is read: reading it in order (share 0) and the axpy
     over down_t's rows (share 2) agree, for single tokens and a batch."""
@@ -78,14 +104,16 @@ def test_both_paths_same_output(converted) -> None:  # type: ignore[no-untyped-d
                 out[share] = np.concatenate([batch, single])
     # down_t is quantized on its own (rows = neurons), so the two paths read different
     # roundings of the same matrix, and dense quantizes its activations to 8 bits: they agree
-    # in distribution, and on top-1 wherever the reference has a clear winner
+    # in distribution, and on top-1 wherever the reference has a clear winner. The KL moves with
+    # the float summation order alone (thresholds flip neurons near them in later layers): 0.018-
+    # 0.021 over thread counts and row splits of the axpy, so the bound leaves a 1.5x margin
     for share in (2.0, -1.0):
         a, b = out[0.0], out[share]
         top2 = np.sort(a, axis=-1)[:, -2:]
         clear = (top2[:, 1] - top2[:, 0]) >= 0.3
         assert clear.sum() >= 4
         assert (a.argmax(-1) == b.argmax(-1))[clear].all(), share
-        assert _kl(a, b) < 0.02, (share, _kl(a, b))
+        assert _kl(a, b) < 0.03, (share, _kl(a, b))
 
 
 def _kl(ref: np.ndarray, got: np.ndarray) -> float:

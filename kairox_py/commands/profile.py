@@ -18,7 +18,7 @@ from .trace import run_trace
 @click.command("profile")
 @click.argument("model", required=False)
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Profile directory to write (replaced if it exists).")
+              help="Profile directory to write (a new or empty one, or an earlier profile, which is replaced).")
 @click.option("--corpus", multiple=True, type=click.Path(dir_okay=False),
               help="Text file(s) (default: pydoc topics, profiling split).")
 @click.option("--tokens", type=click.IntRange(min=1), default=DEFAULT_TOKENS, show_default=True,

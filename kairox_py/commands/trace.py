@@ -15,7 +15,7 @@ from ._common import resolve_model, stderr_console
 @click.command("trace")
 @click.argument("model", required=False)
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Trace directory to write (replaced if it exists).")
+              help="Trace directory to write (a new or empty one, or an earlier trace, which is replaced).")
 @click.option("--kairox", "kairox_path", type=click.Path(dir_okay=False), default=None,
               help="Kairox GGUF converted from MODEL: thresholds, predictors, neuron order, "
                    "group frequencies (without it: thresholds calibrated on the trace, no "
