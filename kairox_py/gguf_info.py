@@ -51,6 +51,7 @@ class GGUFSummary:
     n_params: int
     tensor_types: dict[str, TypeStats] = field(default_factory=dict)
     kairox_keys: tuple[str, ...] = ()
+    kairox_values: dict[str, Any] = field(default_factory=dict)  # the kairox.* metadata itself
     down_dense_share: float | None = None  # kairox.down_dense_share (negative: not measured)
 
     @property
@@ -151,6 +152,7 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
         n_params=sum(int(t.n_elements) for t in tensors),
         tensor_types=dict(sorted(stats.items(), key=lambda kv: -kv[1].nbytes)),
         kairox_keys=tuple(sorted(k for k in fields if k.startswith(KAIROX_KEY_PREFIX))),
+        kairox_values={k: fields[k] for k in sorted(fields) if k.startswith(KAIROX_KEY_PREFIX)},
         down_dense_share=_float_or_none(fields.get(KEY_DOWN_DENSE_SHARE)),
     )
 
@@ -175,6 +177,18 @@ def _human_count(n: int) -> str:
     return str(n)
 
 
+def _show_metadata(v: Any) -> str:
+    """A metadata value on one line: per-layer arrays as their range and length."""
+    if isinstance(v, (list, tuple)):
+        nums = [x for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if len(v) > 6 and len(nums) == len(v):
+            return f"{len(v)} values, {min(nums):.4g} .. {max(nums):.4g}"
+        return ", ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in v)
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
 def _show(v: Any) -> str:
     if v is None:
         return "-"
@@ -188,7 +202,7 @@ def render(s: GGUFSummary, console: Console) -> None:
     """Print the summary as two rich tables: the model, then bytes per tensor type."""
     heads = _show(s.n_head) if s.n_head_kv in (None, s.n_head) else \
         f"{_show(s.n_head)} (KV {_show(s.n_head_kv)})"
-    kairox = "yes: " + ", ".join(s.kairox_keys) if s.has_kairox_data else "no"
+    kairox = f"yes ({len(s.kairox_keys)} keys, below)" if s.has_kairox_data else "no"
     info = Table(title=str(s.path), show_header=False, title_justify="left")
     info.add_column(style="bold")
     info.add_column()
@@ -215,6 +229,13 @@ def render(s: GGUFSummary, console: Console) -> None:
     for k, v in rows:
         info.add_row(k, v)
     console.print(info)
+    if s.has_kairox_data:
+        kx = Table(title="Kairox sparsity data", show_header=False, title_justify="left")
+        kx.add_column(style="bold")
+        kx.add_column()
+        for k, v in s.kairox_values.items():
+            kx.add_row(k, _show_metadata(v))
+        console.print(kx)
 
     types = Table(title="tensor types", title_justify="left")
     for col in ("type", "tensors", "parameters", "bytes", "share"):

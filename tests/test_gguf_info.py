@@ -19,3 +19,14 @@ def test_inspect_default_model(model_path: Path, model: Model) -> None:
     assert s.tensor_types["Q8_0"].count == 1  # tied output = token_embd
     assert sum(t.nbytes for t in s.tensor_types.values()) == model.size
     assert not s.has_kairox_data and s.kairox_keys == ()
+
+
+def test_inspect_kairox_model_shows_values(converted, run_cli) -> None:  # type: ignore[no-untyped-def]
+    """`kairox info` on a Kairox GGUF shows what its kairox.* keys hold, not only their names."""
+    s = inspect_gguf(converted.output)
+    assert s.has_kairox_data
+    assert s.kairox_values["kairox.group_size"] == 64  # the fixture converts with groups of 64
+    assert len(s.kairox_values["kairox.threshold"]) == 30
+    proc = run_cli("info", str(converted.output))
+    assert proc.returncode == 0, proc.stderr
+    assert "kairox.group_size" in proc.stdout and "30 values" in proc.stdout
