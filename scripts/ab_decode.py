@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Decode speed of one library build on a Kairox GGUF: dense and sparse in one process.
+
+Run it alternately with KAIROX_LIB pointing at two builds (e.g. a copy of build/dev/libkairox.so
+made before a change and the rebuilt one) to A/B a library change; each line's sparse/dense ratio
+is measured side by side, so ratios compare across runs where raw tokens/s on this noisy VM do not.
+
+    for r in 1 2 3; do for lib in /tmp/old.so build/dev/libkairox.so; do
+        KAIROX_LIB=$PWD/$lib python scripts/ab_decode.py KX.gguf -t 2; done; done
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kairox_py import Model, SamplingParams  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="a Kairox GGUF")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-n", type=int, default=96, help="tokens per generation")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--mode", default="threshold", help="sparse mode to time against dense")
+    ap.add_argument("-p", "--prompt", default="The history of the printing press begins")
+    args = ap.parse_args()
+    sp = SamplingParams(temperature=0, ignore_eos=True)
+    tps: dict[str, list[float]] = {"dense": [], args.mode: []}
+    with Model(args.model) as m:
+        for _ in range(args.reps):
+            for mode in tps:
+                with m.session(n_ctx=512, n_threads=args.threads, mode=mode) as s:
+                    list(s.generate(args.prompt, args.n, sp))
+                    tps[mode].append(s.timings().decode_tps)
+    d, x = statistics.median(tps["dense"]), statistics.median(tps[args.mode])
+    print(f"dense {d:.1f} tok/s  {args.mode} {x:.1f} tok/s  ratio {x / d:.3f}")
+
+
+if __name__ == "__main__":
+    main()
