@@ -60,10 +60,13 @@ class GGUFSummary:
 
 
 def _field_value(f: Any) -> Any:
-    """A ReaderField's value as Python data (str, number, or list)."""
+    """A ReaderField's value as Python data (str, number, or list). Strings that are not valid
+    UTF-8 (some vocabularies hold raw byte tokens) get U+FFFD, as llama.cpp loads them anyway."""
     if hasattr(f, "contents"):  # gguf >= 0.11
-        return f.contents()
-    # older gguf: decode from the raw parts
+        try:
+            return f.contents()
+        except UnicodeDecodeError:
+            pass  # decoded leniently from the raw parts below
     from gguf import GGUFValueType
 
     def one(idx: int, vtype: Any) -> Any:

@@ -30,3 +30,20 @@ def test_inspect_kairox_model_shows_values(converted, run_cli) -> None:  # type:
     proc = run_cli("info", str(converted.output))
     assert proc.returncode == 0, proc.stderr
     assert "kairox.group_size" in proc.stdout and "30 values" in proc.stdout
+
+
+def test_inspect_non_utf8_token(tmp_path: Path) -> None:
+    """Raw byte tokens that are not UTF-8 do not make a loadable model look corrupt."""
+    import gguf
+    import numpy as np
+
+    p = tmp_path / "bytes.gguf"
+    w = gguf.GGUFWriter(p, "llama")
+    w.add_block_count(1)
+    w.add_array("tokenizer.ggml.tokens", [b"ok", b"\xff\xfe"])
+    w.add_tensor("t", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert inspect_gguf(p).n_vocab == 2
