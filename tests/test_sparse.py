@@ -196,6 +196,19 @@ def test_completion_tool_runs_sparse(converted) -> None:  # type: ignore[no-unty
         assert expect in proc.stderr
 
 
+@pytest.mark.parametrize("opt,value", [("--kx-vram-budget", "abc"), ("--kx-vram-budget", "inf"),
+                                       ("--kx-threshold-scale", "1.5x"), ("--kx-vram-reserve", "nan")])
+def test_completion_tool_rejects_bad_kx_numbers(converted, opt: str, value: str) -> None:  # type: ignore[no-untyped-def]
+    """A --kx-* number that is not one is named in the error (std::stof alone said "stof")."""
+    exe = find_tool("llama-completion")
+    if exe is None:
+        pytest.skip("llama-completion not built")
+    proc = subprocess.run([str(exe), "-m", str(converted.output), "-p", "Hello", "-n", "1", opt, value],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode != 0
+    assert f"invalid {opt}: {value}" in proc.stderr, proc.stderr[-1000:]
+
+
 @pytest.mark.parametrize("extra,expect", [
     ([], ["Kairox mode = threshold"]),
     # hybrid runtime: a budget above the dense parts (~54 MiB) leaves a neuron-group cache
