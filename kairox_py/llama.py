@@ -375,7 +375,8 @@ class ContextParams:
     stats: bool = False
     #: hybrid runtime: > 0 keeps a device cache of neuron groups under this many GiB of weights
     #: (dense parts first); 0: CPU only; VRAM_AUTO (< 0): the device's free memory minus the KV
-    #: cache, compute buffers and vram_reserve_gib. Needs predictor mode and a converted model.
+    #: cache, compute buffers and vram_reserve_gib. Runs predictor mode (mode "auto" picks it;
+    #: another sparse mode is an error) on a converted model.
     vram_budget_gib: float = 0.0
     #: auto budget: device memory left free besides the KV cache and compute buffers
     vram_reserve_gib: float = 0.5
@@ -487,7 +488,9 @@ def _create_context(model: Model, params: ContextParams) -> int:
         cp.cb_eval = ctypes.cast(lib.profiler_eval_fn(), _lib.ggml_backend_sched_eval_callback)
         cp.cb_eval_user_data = params.profiler.ptr
     kp = lib.kairox_default_params()
-    kp.mode = _lib.KAIROX_MODES[params.mode]
+    # the hybrid runtime runs predictor mode: "auto" picks it, as kairox run and llama-server do
+    mode = "predictor" if params.mode == "auto" and params.vram_budget_gib != 0 else params.mode
+    kp.mode = _lib.KAIROX_MODES[mode]
     kp.threshold_scale = params.threshold_scale
     kp.pred_threshold = params.pred_threshold
     kp.max_sparse_tokens = params.max_sparse_tokens

@@ -169,6 +169,9 @@ def test_budget_too_small_and_wrong_mode_are_clear_errors(kx_model: Path, model_
             m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=0.001))
         with pytest.raises(KairoxError, match="needs predictor mode"):
             m.session(ContextParams(n_ctx=64, mode="threshold", vram_budget_gib=1.0))
+        # mode "auto" (the default) picks predictor mode for the hybrid runtime, as the CLI does
+        with m.session(ContextParams(n_ctx=64, vram_budget_gib=1.0)) as s:
+            assert s.mode == "predictor" and s.hybrid_info() is not None
         with pytest.raises(KairoxError, match="policy must be one of"):
             m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=1.0, policy="fifo"))
     with Model(model_path) as m, pytest.raises(KairoxError, match="no Kairox sparsity data"):
