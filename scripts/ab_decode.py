@@ -28,17 +28,23 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--mode", default="threshold", help="sparse mode to time against dense")
     ap.add_argument("-p", "--prompt", default="The history of the printing press begins")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="also time the sparse mode with deterministic=True (the down summed in double)")
     args = ap.parse_args()
     sp = SamplingParams(temperature=0, ignore_eos=True)
-    tps: dict[str, list[float]] = {"dense": [], args.mode: []}
+    runs: dict[str, dict[str, object]] = {"dense": {"mode": "dense"}, args.mode: {"mode": args.mode}}
+    if args.deterministic:
+        runs[args.mode + "-deterministic"] = {"mode": args.mode, "deterministic": True}
+    tps: dict[str, list[float]] = {k: [] for k in runs}
     with Model(args.model) as m:
         for _ in range(args.reps):
-            for mode in tps:
-                with m.session(n_ctx=512, n_threads=args.threads, mode=mode) as s:
+            for name, kw in runs.items():
+                with m.session(n_ctx=512, n_threads=args.threads, **kw) as s:
                     list(s.generate(args.prompt, args.n, sp))
-                    tps[mode].append(s.timings().decode_tps)
-    d, x = statistics.median(tps["dense"]), statistics.median(tps[args.mode])
-    print(f"dense {d:.1f} tok/s  {args.mode} {x:.1f} tok/s  ratio {x / d:.3f}")
+                    tps[name].append(s.timings().decode_tps)
+    d = statistics.median(tps["dense"])
+    print("  ".join(f"{k} {statistics.median(v):.1f} tok/s ({statistics.median(v) / d:.3f}x)"
+                    for k, v in tps.items()))
 
 
 if __name__ == "__main__":

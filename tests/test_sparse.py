@@ -146,7 +146,7 @@ def test_predictor_mode_runs_sparse(converted, tokens) -> None:  # type: ignore[
 
 @pytest.mark.parametrize("mode", ["threshold", "predictor"])
 def test_deterministic_decode_same_with_any_thread_count(converted, tokens, mode: str) -> None:  # type: ignore[no-untyped-def]
-    """--deterministic: the same logits with any -t, as llama.cpp's dense kernels give. (Without
+    """--deterministic: the same logits with any -t and batching, as llama.cpp's dense kernels give. (Without
     it the down projection's row split adds per-thread float partials, whose rounding depends
     on the thread count; fixing the parts independently of the threads cost 5-10% of the op at
     10% active on 4096-wide downs, so it is this mode's job, not the default's.)"""
@@ -157,7 +157,12 @@ def test_deterministic_decode_same_with_any_thread_count(converted, tokens, mode
             with m.session(ContextParams(n_ctx=256, mode=mode, n_threads=nt, deterministic=True)) as s:
                 s.decode(prompt)
                 logits[nt] = np.stack([(s.decode([t]), s.logits())[1] for t in extra])
+        # and the same in one batch (each token through the sparse FFN with its own mask)
+        with m.session(ContextParams(n_ctx=256, mode=mode, n_threads=2, deterministic=True)) as s:
+            s.decode(prompt)
+            batched = s.decode(extra, all_logits=True)
     assert np.array_equal(logits[1], logits[2]) and np.array_equal(logits[1], logits[3])
+    assert np.array_equal(batched, logits[2])
 
 
 def test_batch_agrees_with_token_by_token(converted, tokens) -> None:  # type: ignore[no-untyped-def]
