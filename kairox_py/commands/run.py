@@ -209,6 +209,9 @@ def _hybrid_table(session: Session) -> Table:
                 "io-bound", "lambda"):
         table.add_column(col, justify="right")
     for i, st in enumerate(session.hybrid_stats()):
+        if st.n_slots == 0:  # no cache in this layer: it runs on the CPU alone, the runtime skips it
+            table.add_row(str(i), f"0/{st.n_groups}", "-", "-", "-", "-", "-", "-", "-")
+            continue
         table.add_row(str(i), f"{st.n_slots}/{st.n_groups}",
                       "-" if not st.active else f"{100 * st.hit_rate:.1f}%", str(st.loads),
                       f"{st.bytes_reloaded / (1 << 20):.2f}", f"{st.t_io_us / 1000:.1f}",
