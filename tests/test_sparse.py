@@ -201,6 +201,23 @@ def test_completion_tool_runs_sparse(converted) -> None:  # type: ignore[no-unty
         assert expect in proc.stderr
 
 
+def test_bench_tool_compares_modes(converted) -> None:  # type: ignore[no-untyped-def]
+    """llama-bench runs a Kairox GGUF in each --kx-mode given, one table row per mode."""
+    exe = find_tool("llama-bench")
+    if exe is None:
+        pytest.skip("llama-bench not built")
+    proc = subprocess.run([str(exe), "-m", str(converted.output), "-p", "0", "-n", "4", "-r", "1", "-t", "2",
+                           "--kx-mode", "dense,auto", "-o", "csv"], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    col = lines[0].split(",").index("kx_mode")
+    assert [ln.split(",")[col] for ln in lines[1:]] == ['"dense"', '"auto"']
+    bad = subprocess.run([str(exe), "-m", str(converted.output), "--kx-mode", "sparse"], stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode != 0
+
+
 @pytest.mark.parametrize("opt,value", [("--kx-vram-budget", "abc"), ("--kx-vram-budget", "inf"),
                                        ("--kx-threshold-scale", "1.5x"), ("--kx-vram-reserve", "nan")])
 def test_completion_tool_rejects_bad_kx_numbers(converted, opt: str, value: str) -> None:  # type: ignore[no-untyped-def]
