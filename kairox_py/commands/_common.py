@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
 from rich.console import Console
 
 from ..default_model import ensure_model
@@ -18,3 +19,15 @@ def resolve_model(model: str | None, console: Console) -> Path:
     if model is None:
         return ensure_model(console=console)
     return Path(model).expanduser()
+
+
+def float_list(text: str, option: str) -> list[float]:
+    """A comma list of numbers given to `option` (e.g. "--scales"), a usage error otherwise."""
+    hint = f"'{option}'"
+    try:
+        vals = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}", param_hint=hint) from None
+    if not vals:
+        raise click.BadParameter("no values", param_hint=hint)
+    return vals

@@ -24,7 +24,7 @@ from ..default_model import cache_dir
 from ..outputs import check_output_into
 from ..llama import ContextParams, Model, default_threads
 from ..synthetic import SHAPES, SYNTHETIC_VERSION, SparseSpec, pred_threshold_for, write_synthetic_llama
-from ._common import resolve_model, stderr_console
+from ._common import float_list, resolve_model, stderr_console
 
 
 @click.command("bench")
@@ -164,11 +164,8 @@ def _op_profile_lines(cfg: BenchConfig, layers: list[float], out: Path, console)
 
 def _densities(text: str) -> list[float]:
     """--density as shares in (0, 1) (what pred_threshold_for accepts), checked up front."""
-    try:
-        dens = [float(d) for d in text.split(",") if d.strip()]
-    except ValueError:
-        dens = []
-    if not dens or any(not 0.0 < d < 1.0 for d in dens):
+    dens = float_list(text, "--density")
+    if any(not 0.0 < d < 1.0 for d in dens):
         raise click.BadParameter(f"expected a comma list of shares in (0, 1), got {text!r}",
                                  param_hint="'--density'")
     return dens

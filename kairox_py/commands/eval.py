@@ -19,18 +19,7 @@ from ..evaluate import (
     write_sweep,
 )
 from ..outputs import check_output_into
-from ._common import resolve_model, stderr_console
-
-
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        vals = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}",
-                                 param_hint=what) from None
-    if not vals:
-        raise click.BadParameter("no values", param_hint=what)
-    return vals
+from ._common import float_list, resolve_model, stderr_console
 
 
 @click.command("eval")
@@ -60,10 +49,10 @@ def eval_cmd(models: tuple[str, ...], reference: str | None, mode: str, scales: 
     every token through the sparse FFN with its own mask."""
     console = stderr_console()
     # every check before the first model loads: a sweep runs for minutes
-    scale_vals = _floats(scales, "'--scales'") if scales else []
+    scale_vals = float_list(scales, "--scales") if scales else []
     if any(not (v > 0 and math.isfinite(v)) for v in scale_vals):
         raise click.BadParameter("threshold scales must be positive", param_hint="'--scales'")
-    pred_vals = _floats(pred_thresholds, "'--pred-thresholds'") if pred_thresholds else []
+    pred_vals = float_list(pred_thresholds, "--pred-thresholds") if pred_thresholds else []
     if any(not 0 < v < 1 for v in pred_vals):
         raise click.BadParameter("must be in (0, 1)", param_hint="'--pred-thresholds'")
     if out_dir:

@@ -23,23 +23,13 @@ from ..simulate import (
     calibration_from_csv,
 )
 from ..traces import Trace
-from ._common import stderr_console
+from ._common import float_list, stderr_console
 
 #: budgets of the throughput-vs-VRAM figure (fig13), added to --budget with --figures
 FIG13_BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 #: `kairox run --policy` spellings accepted too (kairox_py.hybrid.POLICIES), so that both commands
 #: take the same names; reports keep the balancer's own
 POLICY_ALIASES = {"tam-t": "tam_fixed"}
-
-
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        vals = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{what} must be comma-separated numbers, got '{text}'") from None
-    if not vals:
-        raise click.BadParameter(f"{what} is empty")
-    return vals
 
 
 def _names(text: str, allowed: dict | tuple, what: str, aliases: dict[str, str] | None = None) -> list[str]:
@@ -129,7 +119,7 @@ def simulate(trace_dir: str, out_dir: str | None, presets: str, budgets: str, vr
         k = int(vram_mib * 2**20 // (probe.group_bytes * trace.n_layer))
         budget_list = [min(1.0, k / n_groups)]
     else:
-        budget_list = _floats(budgets, "--budget")
+        budget_list = float_list(budgets, "--budget")
     if any(not 0.0 <= b <= 1.0 for b in budget_list):
         raise click.BadParameter("values must be in [0, 1]", param_hint="'--budget'")
     grid = sorted(set(budget_list) | (set(FIG13_BUDGETS) if figures else set()))
