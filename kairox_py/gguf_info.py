@@ -50,13 +50,16 @@ class GGUFSummary:
     n_tensors: int
     n_params: int
     tensor_types: dict[str, TypeStats] = field(default_factory=dict)
-    kairox_keys: tuple[str, ...] = ()
-    kairox_values: dict[str, Any] = field(default_factory=dict)  # the kairox.* metadata itself
+    kairox_values: dict[str, Any] = field(default_factory=dict)  # the kairox.* metadata, by key
     down_dense_share: float | None = None  # kairox.down_dense_share (negative: not measured)
 
     @property
+    def kairox_keys(self) -> tuple[str, ...]:
+        return tuple(self.kairox_values)
+
+    @property
     def has_kairox_data(self) -> bool:
-        return bool(self.kairox_keys)
+        return bool(self.kairox_values)
 
 
 def _field_value(f: Any) -> Any:
@@ -154,7 +157,6 @@ def inspect_gguf(path: str | os.PathLike[str]) -> GGUFSummary:
         n_tensors=len(tensors),
         n_params=sum(int(t.n_elements) for t in tensors),
         tensor_types=dict(sorted(stats.items(), key=lambda kv: -kv[1].nbytes)),
-        kairox_keys=tuple(sorted(k for k in fields if k.startswith(KAIROX_KEY_PREFIX))),
         kairox_values={k: fields[k] for k in sorted(fields) if k.startswith(KAIROX_KEY_PREFIX)},
         down_dense_share=_float_or_none(fields.get(KEY_DOWN_DENSE_SHARE)),
     )

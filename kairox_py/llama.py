@@ -398,9 +398,7 @@ class ContextParams:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise KairoxError(f"{name} must be a positive integer, got {v!r}")
-        for name in ("n_threads", "n_threads_batch"):
-            v = getattr(self, name)
-            if v is not None and v > MAX_THREADS:
+            if v is not None and name.startswith("n_threads") and v > MAX_THREADS:
                 raise KairoxError(f"{name} must be at most {MAX_THREADS} (ggml's limit), got {v}")
         if self.mode not in _lib.KAIROX_MODES:
             raise KairoxError(f"mode must be one of {', '.join(_lib.KAIROX_MODES)}, got {self.mode!r}")
