@@ -40,7 +40,7 @@ def check_output_into(path: str | os.PathLike[str]) -> Path:
     if p.exists() and not p.is_dir():
         raise KairoxError(f"{p} exists and is not a directory")
     if not p.is_dir():
-        check_output_file(p)  # a new directory: its parent must exist and be writable
+        _check_parent(p)  # a new directory: its parent must exist and be writable
     elif not os.access(p, os.W_OK | os.X_OK):
         raise KairoxError(f"cannot write into {p} (permission denied or read-only file system)")
     return p

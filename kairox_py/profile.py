@@ -71,7 +71,6 @@ class ProfileMeta:
     seconds: float
     tokens_requested: int = 0  # --tokens (n_tokens is less when the corpus is shorter); 0: not recorded
 
-
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
