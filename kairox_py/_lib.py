@@ -248,7 +248,7 @@ class kairox_params(Structure):
         ("vram_budget_gib", c_float),  # > 0: device cache of neuron groups under this budget; 0: CPU only
         ("policy", c_int32),  # enum kairox_balancer_policy of the device cache
         ("lambda_init", c_float),  # TAM decay at start (fixed for tam_fixed); <= 0: the balancer's default
-        ("deterministic", c_bool),  # no timing feedback: lambda fixed, same tokens run to run
+        ("deterministic", c_bool),  # reproducible: down in fixed blocks summed in double; hybrid: lambda fixed
         # version 3
         ("down_dense_share", c_float),  # active share above which down reads ffn_down in order; < 0: model/built-in
         # version 4

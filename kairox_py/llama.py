@@ -384,7 +384,9 @@ class ContextParams:
     policy: str = "tam"
     #: TAM's decay at start (fixed for "tam-t"); <= 0: the balancer's default (0.5)
     lambda_init: float = 0.0
-    #: no timing feedback: lambda stays fixed, so the same prompt gives the same tokens
+    #: reproducible output: the sparse down projection sums fixed blocks of neurons in float and
+    #: the blocks in double, so logits do not depend on the thread count, the batch or (hybrid
+    #: runtime) placement; the hybrid runtime also keeps lambda fixed (no timing feedback)
     deterministic: bool = False
     #: share of active neurons above which the sparse down projection reads ffn_down in order
     #: (0: always, >= 1: never); < 0: the model's kairox.down_dense_share (kairox calibrate),
