@@ -19,7 +19,8 @@ run_checks() { # $1: directory holding test-kairox-cuda (and its libraries), $2:
     export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     nvidia-smi -L || { echo "no NVIDIA GPU visible" >&2; exit 2; }
     {
-        echo "date: $(date -u +%FT%TZ)  commit: $(git -C "$bin" rev-parse --short HEAD 2>/dev/null || cat "$bin/COMMIT" 2>/dev/null || echo '?')"
+        # a staged folder's COMMIT first: a copy of the tree on the GPU machine can carry an older .git
+        echo "date: $(date -u +%FT%TZ)  commit: $(cat "$bin/COMMIT" 2>/dev/null || git -C "$bin" rev-parse --short HEAD 2>/dev/null || echo '?')"
         nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader
         grep -m1 "model name" /proc/cpuinfo || true
     } | tee "$out/env.txt"
