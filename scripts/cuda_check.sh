@@ -41,6 +41,14 @@ run_checks() { # $1: directory holding test-kairox-cuda (and its libraries), $2:
     return $rc
 }
 
+build_test() { # $1: build directory, then extra CMake options; builds test-kairox-cuda there
+    local B=$1
+    shift
+    cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAIROX_TOOLS=OFF -DKAIROX_TESTS=ON "$@" \
+          > "$B.configure.log" 2>&1 || { tail -30 "$B.configure.log"; exit 1; }
+    cmake --build "$B" --target test-kairox-cuda -j "$(nproc)"
+}
+
 case "${1:-}" in
     --run)
         run_checks "$(cd "$2" && pwd)" "${3:-cuda-check}"
@@ -48,11 +56,8 @@ case "${1:-}" in
     --stage)
         cd "$(dirname "$0")/.."
         dir=$2 B=build/cuda-stage
-        cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAIROX_TOOLS=OFF -DKAIROX_TESTS=ON \
-              -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-              -DKAIROX_CUDA_KERNELS=ON -DCMAKE_CUDA_ARCHITECTURES="80;90" > "$B.configure.log" 2>&1 \
-            || { tail -30 "$B.configure.log"; exit 1; }
-        cmake --build "$B" --target test-kairox-cuda -j "$(nproc)"
+        build_test "$B" -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+                        -DKAIROX_CUDA_KERNELS=ON -DCMAKE_CUDA_ARCHITECTURES="80;90"
         mkdir -p "$dir"
         cp "$B/bin/test-kairox-cuda" "$B/libkairox.so" "$0" "$dir/"
         cudart=$(ldd "$B/bin/test-kairox-cuda" | awk '/libcudart/ { print $3 }')
@@ -63,9 +68,7 @@ case "${1:-}" in
     *)
         cd "$(dirname "$0")/.."
         B=${1:-build/cuda-check}
-        cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAIROX_TOOLS=OFF -DKAIROX_TESTS=ON \
-              -DCMAKE_CUDA_ARCHITECTURES=native > "$B.configure.log" 2>&1 || { tail -30 "$B.configure.log"; exit 1; }
-        cmake --build "$B" --target test-kairox-cuda -j "$(nproc)"
+        build_test "$B" -DCMAKE_CUDA_ARCHITECTURES=native
         run_checks "$(cd "$B/bin" && pwd)" cuda-check
         ;;
 esac
