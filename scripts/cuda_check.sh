@@ -10,10 +10,31 @@
 #                                         (sm_80 + sm_90 code, CPU code for any AVX2 machine)
 #                                         and put it in DIR with libkairox, libcudart and this
 #                                         script, to copy to a GPU machine
-#   DIR/cuda_check.sh --run DIR [OUT_DIR] on the GPU machine: run the staged binary
+#   scripts/cuda_check.sh --stage-backend DIR [CUDA_ROOT]
+#                                         also stage upstream's test-backend-ops from a build
+#                                         with the whole CUDA backend (build/cuda-full, sm_90;
+#                                         ~30 min on 2 cores the first time): it runs our ops
+#                                         through ggml-cuda's dispatch against the CPU backend.
+#                                         CUDA_ROOT: a toolkit root that has cuBLAS (README)
+#   scripts/cuda_check.sh --stage-hybrid DIR MODEL.gguf [CUDA_ROOT]
+#                                         stage libkairox (with the CUDA backend, xz-compressed),
+#                                         test-kairox-hybrid and a Kairox GGUF (compressed): on the
+#                                         GPU machine the hybrid runtime keeps its cache on the GPU,
+#                                         and `test-kairox-hybrid MODEL compare` checks it against
+#                                         the CPU-only sparse path (scripts/gguf_truncate.py makes
+#                                         a model small enough to copy)
+#   DIR/cuda_check.sh --run DIR [OUT_DIR] on the GPU machine: run the staged binaries
 set -euo pipefail
 
-run_checks() { # $1: directory holding test-kairox-cuda (and its libraries), $2: output directory
+# cuBLAS and the CUDA runtime for the binaries with the whole CUDA backend: from the machine's
+# CUDA install, else from its Python packages (nvidia-cublas, nvidia-cuda-runtime)
+cuda_libs() {
+    local libs
+    libs=$(python3 -c 'import glob, site; print(":".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/cu*/lib")))' 2>/dev/null || true)
+    export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}${libs:+:$libs}"
+}
+
+run_checks() { # $1: directory holding the staged binaries (and their libraries), $2: output directory
     local bin=$1 out=$2
     mkdir -p "$out"
     export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -25,6 +46,47 @@ run_checks() { # $1: directory holding test-kairox-cuda (and its libraries), $2:
         grep -m1 "model name" /proc/cpuinfo || true
     } | tee "$out/env.txt"
     local rc=0
+    if [ -f "$bin/libkairox.so.xz" ] && [ -f "$bin/model.gguf.xz" ]; then
+        # the hybrid runtime end to end: its cache on the GPU vs the CPU-only sparse path
+        local tmp
+        tmp=$(mktemp -d)
+        for f in libkairox.so model.gguf; do
+            python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+                "$bin/$f.xz" "$tmp/$f"
+        done
+        cp "$bin/test-kairox-hybrid" "$bin"/libgomp* "$tmp/" 2>/dev/null || true
+        cuda_libs
+        LD_LIBRARY_PATH="$tmp:$LD_LIBRARY_PATH" timeout 300 "$tmp/test-kairox-hybrid" "$tmp/model.gguf" compare 32 \
+            > "$out/hybrid-compare.log" 2> "$out/hybrid-compare.stderr" || { echo "hybrid compare: exit $?"; rc=1; }
+        grep -v "^|---" "$out/hybrid-compare.log" | tail -16 || true
+        grep -m3 -i "Kairox hybrid\|error\|fail" "$out/hybrid-compare.stderr" || true
+        # the paper's placement: attention, norms, output and predictors on the GPU, FFN weights on the host
+        LD_LIBRARY_PATH="$tmp:$LD_LIBRARY_PATH" timeout 300 "$tmp/test-kairox-hybrid" "$tmp/model.gguf" compare 32 --dense-on-device \
+            > "$out/hybrid-compare-dense-on-device.log" 2>&1 || { echo "hybrid compare --dense-on-device: exit $?"; rc=1; }
+        tail -18 "$out/hybrid-compare-dense-on-device.log"
+        LD_LIBRARY_PATH="$tmp:$LD_LIBRARY_PATH" timeout 300 "$tmp/test-kairox-hybrid" "$tmp/model.gguf" \
+            > "$out/hybrid-stops.log" 2>&1 || { echo "hybrid stops: exit $?"; rc=1; }
+        tail -1 "$out/hybrid-stops.log" || true
+        rm -rf "$tmp"
+    fi
+    if [ -x "$bin/test-backend-ops" ]; then
+        # our ops through ggml-cuda (MUL_MAT_SPARSE, AXPY_SPARSE over slot caches) vs the CPU
+        # backend
+        cuda_libs
+        timeout 300 "$bin/test-backend-ops" test -b CUDA0 -o MUL_MAT_SPARSE,AXPY_SPARSE > "$out/backend-ops.log" 2>&1 || rc=$?
+        grep -v "OK$" "$out/backend-ops.log" | tail -12
+        echo "backend-ops: exit $rc"
+        timeout 300 "$bin/test-backend-ops" perf -b CUDA0 -o MUL_MAT_SPARSE,AXPY_SPARSE > "$out/backend-ops-perf.log" 2>&1 \
+            || echo "backend-ops perf: exit $?"
+        if command -v compute-sanitizer > /dev/null; then
+            timeout 300 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/test-backend-ops" test -b CUDA0 \
+                -o MUL_MAT_SPARSE,AXPY_SPARSE > "$out/backend-ops-memcheck.log" 2>&1 || { echo "backend-ops memcheck: exit $?"; rc=1; }
+            tail -2 "$out/backend-ops-memcheck.log"
+        fi
+    fi
+    if [ ! -x "$bin/test-kairox-cuda" ]; then
+        return $rc
+    fi
     timeout 300 "$bin/test-kairox-cuda" > "$out/test.log" 2>&1 || rc=$?
     grep -v " OK$" "$out/test.log" | tail -20
     echo "test: exit $rc"
@@ -64,6 +126,40 @@ case "${1:-}" in
         [ -n "$cudart" ] && cp -L "$cudart" "$dir/"
         git rev-parse --short HEAD > "$dir/COMMIT"
         echo "staged in $dir: copy it to a GPU machine and run $dir/cuda_check.sh --run $dir [OUT_DIR]"
+        ;;
+    --stage-backend)
+        cd "$(dirname "$0")/.."
+        dir=$2 B=build/cuda-full
+        root=(); [ -n "${3:-}" ] && root=(-DCUDAToolkit_ROOT="$3")
+        cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAIROX_CUDA=ON -DKAIROX_TOOLS=OFF -DKAIROX_TESTS=ON \
+              -DKAIROX_CUDA_KERNELS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+              -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF "${root[@]}" > "$B.configure.log" 2>&1 \
+            || { tail -30 "$B.configure.log"; exit 1; }
+        cmake --build "$B" --target test-backend-ops -j "$(nproc)"
+        mkdir -p "$dir"
+        strip -o "$dir/test-backend-ops" "$B/bin/test-backend-ops"
+        cp "$0" "$dir/"
+        git rev-parse --short HEAD > "$dir/COMMIT"
+        echo "staged test-backend-ops in $dir ($(du -h "$dir/test-backend-ops" | cut -f1))"
+        ;;
+    --stage-hybrid)
+        cd "$(dirname "$0")/.."
+        dir=$2 model=$3 B=build/cuda-full
+        root=(); [ -n "${4:-}" ] && root=(-DCUDAToolkit_ROOT="$4")
+        cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAIROX_CUDA=ON -DKAIROX_TOOLS=OFF -DKAIROX_TESTS=ON \
+              -DKAIROX_CUDA_KERNELS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+              -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF "${root[@]}" > "$B.configure.log" 2>&1 \
+            || { tail -30 "$B.configure.log"; exit 1; }
+        cmake --build "$B" --target kairox test-kairox-hybrid -j "$(nproc)"
+        mkdir -p "$dir"
+        strip -o "$dir/libkairox.so" "$B/libkairox.so"
+        xz -f -T0 "$dir/libkairox.so"
+        xz -T0 -c "$model" > "$dir/model.gguf.xz"
+        cp "$B/bin/test-kairox-hybrid" "$0" "$dir/"
+        gomp=$(ldd "$B/libkairox.so" | awk '/libgomp/ { print $3 }')
+        [ -n "$gomp" ] && cp -L "$gomp" "$dir/"
+        git rev-parse --short HEAD > "$dir/COMMIT"
+        echo "staged the hybrid runtime in $dir ($(du -sh "$dir" | cut -f1))"
         ;;
     *)
         cd "$(dirname "$0")/.."
