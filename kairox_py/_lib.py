@@ -55,6 +55,9 @@ ENV_VERBOSE = "KAIROX_VERBOSE"
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 # enum llama_load_mode: LLAMA_LOAD_MODE_NONE reads the weights into the library's own buffers
 LLAMA_LOAD_MODE_NONE = 0
+# enum ggml_backend_dev_type (ggml-backend.h)
+GGML_BACKEND_DEVICE_TYPE_GPU = 1
+GGML_BACKEND_DEVICE_TYPE_IGPU = 2
 LLAMA_TOKEN_NULL = -1
 
 llama_token = c_int32
@@ -113,6 +116,13 @@ class llama_batch(Structure):
         ("n_seq_id", POINTER(c_int32)),
         ("seq_id", POINTER(POINTER(llama_seq_id))),
         ("logits", POINTER(c_int8)),  # "output" flags
+    ]
+
+
+class llama_model_tensor_buft_override(Structure):
+    _fields_ = [
+        ("pattern", c_char_p),  # regex on tensor names; NULL ends the list
+        ("buft", c_void_p),  # ggml_backend_buffer_type_t
     ]
 
 
@@ -476,6 +486,15 @@ _FUNCTIONS: list[tuple[str, list[Any], Any]] = [
     ("ggml_quantize_requires_imatrix", [c_enum], c_bool),
     # size_t ggml_row_size(enum ggml_type type, int64_t ne);
     ("ggml_row_size", [c_enum, c_int64], c_size_t),
+    # --- ggml-backend.h / ggml-cpu.h: devices (where the hybrid runtime's cache can live) ---
+    # size_t ggml_backend_dev_count(void);
+    ("ggml_backend_dev_count", [], c_size_t),
+    # ggml_backend_dev_t ggml_backend_dev_get(size_t index);
+    ("ggml_backend_dev_get", [c_size_t], c_void_p),
+    # enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t device);
+    ("ggml_backend_dev_type", [c_void_p], c_enum),
+    # ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type(void);
+    ("ggml_backend_cpu_buffer_type", [], c_void_p),
     # --- backend and logging ---
     # const char * llama_version(void);
     ("llama_version", [], c_char_p),

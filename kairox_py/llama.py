@@ -70,6 +70,15 @@ def _load_failure_reason(errors: list[str]) -> str:
 # ---------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------
+def has_gpu() -> bool:
+    """Whether the library sees a GPU (a CUDA build on a machine with one): where the hybrid
+    runtime keeps its neuron-group cache; without one it uses the CPU stand-in device."""
+    lib = _lib.lib()
+    return any(lib.ggml_backend_dev_type(lib.ggml_backend_dev_get(i)) in
+               (_lib.GGML_BACKEND_DEVICE_TYPE_GPU, _lib.GGML_BACKEND_DEVICE_TYPE_IGPU)
+               for i in range(lib.ggml_backend_dev_count()))
+
+
 class Model:
     """A loaded GGUF model (llama_model) plus its vocabulary.
 
@@ -79,13 +88,26 @@ class Model:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int | None = None,
-                 vocab_only: bool = False, use_mmap: bool = True) -> None:
+                 vocab_only: bool = False, use_mmap: bool = True, ffn_on_host: bool = False) -> None:
+        """ffn_on_host: with a GPU, every layer goes to it except the FFN weights (ffn_up, ffn_gate,
+        ffn_down, the sparse path's ffn_down_t), which stay in host memory: the hybrid runtime's
+        placement (dense parts on the device, FFN neurons on the CPU and in the device's group
+        cache). Without a GPU it changes nothing."""
         self.path = Path(path)
         _check_gguf_file(self.path)
         lib = _lib.lib()
         params = lib.llama_model_default_params()
         if n_gpu_layers is not None:
             params.n_gpu_layers = n_gpu_layers
+        self._overrides = None  # kept alive while the model loads
+        if ffn_on_host and has_gpu():
+            arr = (_lib.llama_model_tensor_buft_override * 2)()
+            arr[0].pattern = b"ffn_"
+            arr[0].buft = lib.ggml_backend_cpu_buffer_type()
+            self._overrides = arr
+            params.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
+            if n_gpu_layers is None:
+                params.n_gpu_layers = 999
         params.vocab_only = vocab_only
         if not use_mmap:
             # Weights read into anonymous memory, which the library backs with huge pages

@@ -327,3 +327,30 @@ def test_cli_run_auto_budget(run_cli, kx_model: Path) -> None:  # type: ignore[n
     assert r.returncode == 2 and "neither a number of GiB nor 'auto'" in r.stderr
     r = run_cli("run", str(kx_model), "-p", "Tides are", "-n", "4", "--vram-budget", "auto", "--vram-reserve", "100000")
     assert r.returncode != 0 and "less than the margin" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ffn_on_host_placement(kx_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a GPU, `kairox run` loads a Kairox GGUF with every layer on the GPU except the FFN
+    weights (the sparse row kernels run on the CPU; the hybrid cache is the device's copy). On a
+    machine without one the option changes nothing; forced here, its override list must load
+    and decode exactly as the plain load does (the CPU buffer type is where weights go anyway)."""
+    import kairox_py.llama as llama
+
+    with Model(kx_model, ffn_on_host=True) as m:
+        assert m._overrides is None or llama.has_gpu()
+
+    def greedy(m: Model) -> list[int]:
+        with m.session(ContextParams(n_ctx=64, n_threads=2, mode="predictor")) as s:
+            s.decode(m.tokenize(PROMPT))
+            out = []
+            for _ in range(4):
+                out.append(int(s.logits().argmax()))
+                s.decode([out[-1]])
+            return out
+
+    with Model(kx_model) as m:
+        plain = greedy(m)
+    monkeypatch.setattr(llama, "has_gpu", lambda: True)
+    with Model(kx_model, ffn_on_host=True) as m:
+        assert m._overrides is not None
+        assert greedy(m) == plain

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from .. import _lib
 from ..hybrid import POLICIES, VRAM_AUTO
-from ..llama import MAX_THREADS, Model, SamplingParams, Session, default_threads
+from ..gguf_info import inspect_gguf
+from ..llama import MAX_THREADS, Model, SamplingParams, Session, default_threads, has_gpu
 from ._common import resolve_model, stderr_console
 
 CTX_ROUND = 256  # automatic context sizes are rounded up to this
@@ -33,6 +34,15 @@ class VramBudget(click.ParamType):
         if not (v >= 0 and math.isfinite(v)):
             self.fail(f"{value!r} must be >= 0 GiB (or 'auto')", param, ctx)
         return v
+
+
+def _ffn_on_host(path: str, dense: bool, vram_budget: float) -> bool:
+    """Where a GPU exists, whether to keep the FFN weights in host memory (the rest on the GPU):
+    the sparse FFN's row kernels run on the CPU (the hybrid runtime's device half reads its own
+    cache), so a Kairox GGUF run sparse needs them there; a dense run keeps upstream's placement."""
+    if dense or not has_gpu():
+        return False
+    return vram_budget != 0 or inspect_gguf(path).has_kairox_data
 
 
 @click.command("run")
@@ -106,7 +116,7 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
     path = resolve_model(model, console)
     if verbose:
         _lib.set_verbose(True)
-    with Model(path, use_mmap=use_mmap) as m:
+    with Model(path, use_mmap=use_mmap, ffn_on_host=_ffn_on_host(path, dense, vram_budget)) as m:
         text = m.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
         tokens = m.tokenize(text, add_special=True, parse_special=True)
         if n_ctx and len(tokens) >= n_ctx:
