@@ -12,8 +12,11 @@ runs (a short prompt, then --n-predict greedy tokens).
     python3 scripts/hybrid_speed.py --synthetic 7b --layers 8 --density 0.3 --out hybrid-speed
     python3 scripts/hybrid_speed.py --model smollm2-kx.gguf --out hybrid-speed
 
---synthetic writes a random-weight model of that shape (speed only: kairox_py.synthetic, masks
-given, so the selected neurons are the same every token and the cache fills with them).
+--synthetic writes a random-weight model of that shape (speed only, kairox_py.synthetic): with
+--pred-rank 0 the masks are given (the same neurons every token, so the cache fills with them
+and then holds still), with a rank > 0 a random low-rank predictor picks each token's neurons
+(no locality: the balancer reloads every step). --policies runs the hybrid configurations once
+per balancer policy.
 """
 from __future__ import annotations
 
@@ -55,7 +58,9 @@ def main() -> int:
     src.add_argument("--synthetic", choices=sorted(SHAPES), help="write a random-weight model of this shape")
     ap.add_argument("--layers", type=int, default=0, help="--synthetic: this many layers (0: the shape's)")
     ap.add_argument("--density", type=float, default=0.3, help="--synthetic: share of FFN neurons selected")
+    ap.add_argument("--pred-rank", type=int, default=0, help="--synthetic: 0 masks given, > 0 a random predictor")
     ap.add_argument("--shares", default="0.25,0.5,1.0", help="cache sizes as shares of all FFN groups")
+    ap.add_argument("--policies", default="tam", help="balancer policies of the hybrid runs (comma-separated)")
     ap.add_argument("-n", "--n-predict", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("-t", "--threads", type=int, default=4)
@@ -70,8 +75,8 @@ def main() -> int:
         shape = SHAPES[a.synthetic]
         if a.layers:
             shape = replace(shape, n_layer=a.layers)
-        spec = SparseSpec(pred_rank=0)
-        path = out / f"synthetic-{a.synthetic}-{shape.n_layer}l.gguf"
+        spec = SparseSpec(pred_rank=a.pred_rank)
+        path = out / f"synthetic-{a.synthetic}-{shape.n_layer}l-r{a.pred_rank}.gguf"
         if not path.exists():
             console.print(f"writing {path} ...")
             write_synthetic_llama(path, shape, "q4_0", spec, group_size=32)
@@ -91,9 +96,12 @@ def main() -> int:
             ("dense FFN", replace(base, mode="dense")),
             ("CPU-only sparse", replace(base, mode="predictor")),
         ]
-        for sh in shares:
-            configs.append((f"hybrid, cache {sh:.0%}",
-                            replace(base, mode="predictor", vram_budget_gib=(dense_b + sh * cache_b) / GIB * 1.0001)))
+        policies = [p.strip() for p in a.policies.split(",") if p.strip()]
+        for pol in policies:
+            for sh in shares:
+                name = f"hybrid, cache {sh:.0%}" + (f", {pol}" if len(policies) > 1 else "")
+                configs.append((name, replace(base, mode="predictor", policy=pol,
+                                              vram_budget_gib=(dense_b + sh * cache_b) / GIB * 1.0001)))
         speeds: dict[str, list[float]] = {name: [] for name, _ in configs}
         device = ""
         for r in range(a.runs + 1):  # the first round warms up (page cache, device allocations)
