@@ -354,3 +354,27 @@ def test_ffn_on_host_placement(kx_model: Path, monkeypatch: pytest.MonkeyPatch) 
     with Model(kx_model, ffn_on_host=True) as m:
         assert m._overrides is not None
         assert greedy(m) == plain
+
+
+def test_gguf_truncate_keeps_a_working_kairox_model(kx_model: Path, tmp_path: Path) -> None:
+    """scripts/gguf_truncate.py (small models for the GPU machine): the first layers of a Kairox
+    GGUF, per-layer metadata cut to match, load and run the hybrid runtime like the original."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "cut.gguf"
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, str(repo / "scripts" / "gguf_truncate.py"), str(kx_model), str(out),
+                    "--layers", "2", "--embd-type", "q4_0"], check=True, capture_output=True)
+    assert out.stat().st_size < kx_model.stat().st_size / 3
+    with Model(out) as m:
+        assert m.n_layer == 2
+        with m.session(ContextParams(n_ctx=64, n_threads=2, mode="predictor", vram_budget_gib=64.0)) as s:
+            info = s.hybrid_info()
+            assert info is not None and info.n_slots == info.n_groups > 0
+            s.decode(m.tokenize(PROMPT))
+            assert np.isfinite(s.logits()).all()
+    with pytest.raises(subprocess.CalledProcessError):
+        subprocess.run([sys.executable, str(repo / "scripts" / "gguf_truncate.py"), str(kx_model),
+                        str(tmp_path / "bad.gguf"), "--layers", "999"], check=True, capture_output=True)
+    assert not (tmp_path / "bad.gguf").exists()
