@@ -103,12 +103,30 @@ run_checks() { # $1: directory holding the staged binaries (and their libraries)
     return $rc
 }
 
-build_test() { # $1: build directory, then extra CMake options; builds test-kairox-cuda there
+# CPU code for any AVX2 machine (the GPU machine's CPU is not this one)
+PORTABLE_CPU=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
+
+configure() { # $1: build directory, then extra CMake options
     local B=$1
     shift
     cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAIROX_TOOLS=OFF -DKAIROX_TESTS=ON "$@" \
           > "$B.configure.log" 2>&1 || { tail -30 "$B.configure.log"; exit 1; }
-    cmake --build "$B" --target test-kairox-cuda -j "$(nproc)"
+}
+
+build_test() { # $1: build directory, then extra CMake options; builds test-kairox-cuda there
+    configure "$@"
+    cmake --build "$1" --target test-kairox-cuda -j "$(nproc)"
+}
+
+# build/cuda-full: the whole CUDA backend (sm_90, no flash attention); $1: a toolkit root with
+# cuBLAS (optional), then the targets to build
+build_cuda_full() {
+    local root=()
+    [ -n "$1" ] && root=(-DCUDAToolkit_ROOT="$1")
+    shift
+    configure build/cuda-full -DKAIROX_CUDA=ON -DKAIROX_CUDA_KERNELS=OFF "${PORTABLE_CPU[@]}" \
+              -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF "${root[@]}"
+    cmake --build build/cuda-full --target "$@" -j "$(nproc)"
 }
 
 case "${1:-}" in
@@ -118,8 +136,7 @@ case "${1:-}" in
     --stage)
         cd "$(dirname "$0")/.."
         dir=$2 B=build/cuda-stage
-        build_test "$B" -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-                        -DKAIROX_CUDA_KERNELS=ON -DCMAKE_CUDA_ARCHITECTURES="80;90"
+        build_test "$B" "${PORTABLE_CPU[@]}" -DKAIROX_CUDA_KERNELS=ON -DCMAKE_CUDA_ARCHITECTURES="80;90"
         mkdir -p "$dir"
         cp "$B/bin/test-kairox-cuda" "$B/libkairox.so" "$0" "$dir/"
         cudart=$(ldd "$B/bin/test-kairox-cuda" | awk '/libcudart/ { print $3 }')
@@ -130,12 +147,7 @@ case "${1:-}" in
     --stage-backend)
         cd "$(dirname "$0")/.."
         dir=$2 B=build/cuda-full
-        root=(); [ -n "${3:-}" ] && root=(-DCUDAToolkit_ROOT="$3")
-        cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAIROX_CUDA=ON -DKAIROX_TOOLS=OFF -DKAIROX_TESTS=ON \
-              -DKAIROX_CUDA_KERNELS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-              -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF "${root[@]}" > "$B.configure.log" 2>&1 \
-            || { tail -30 "$B.configure.log"; exit 1; }
-        cmake --build "$B" --target test-backend-ops -j "$(nproc)"
+        build_cuda_full "${3:-}" test-backend-ops
         mkdir -p "$dir"
         strip -o "$dir/test-backend-ops" "$B/bin/test-backend-ops"
         cp "$0" "$dir/"
@@ -145,12 +157,7 @@ case "${1:-}" in
     --stage-hybrid)
         cd "$(dirname "$0")/.."
         dir=$2 model=$3 B=build/cuda-full
-        root=(); [ -n "${4:-}" ] && root=(-DCUDAToolkit_ROOT="$4")
-        cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAIROX_CUDA=ON -DKAIROX_TOOLS=OFF -DKAIROX_TESTS=ON \
-              -DKAIROX_CUDA_KERNELS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-              -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF "${root[@]}" > "$B.configure.log" 2>&1 \
-            || { tail -30 "$B.configure.log"; exit 1; }
-        cmake --build "$B" --target kairox test-kairox-hybrid -j "$(nproc)"
+        build_cuda_full "${4:-}" kairox test-kairox-hybrid
         mkdir -p "$dir"
         strip -o "$dir/libkairox.so" "$B/libkairox.so"
         xz -f -T0 "$dir/libkairox.so"
