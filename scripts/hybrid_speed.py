@@ -114,26 +114,30 @@ def main() -> int:
 
     ref = statistics.median(speeds["CPU-only sparse"])
     dense = statistics.median(speeds["dense FFN"])
-    where = f"GPU ({device})" if has_gpu() else f"{device or 'CPU stand-in'}"
-    t = Table(title=f"decode tok/s, {path.name}, {a.threads} threads, hybrid device: {where}")
-    for c in ("configuration", "tok/s (median)", "runs", "vs CPU-only sparse", "vs dense FFN"):
-        t.add_column(c, justify="left" if c == "configuration" else "right")
-    rows = []
+    where = f"GPU ({device})" if has_gpu() else (device or "CPU stand-in")
+    title = f"decode tok/s, {path.name}, {a.threads} threads, hybrid device: {where}"
+    header = ("configuration", "tok/s (median)", "runs", "vs CPU-only sparse", "vs dense FFN")
+    rows = []  # (name, median, runs) and the same as shown
     for name, _ in configs:
         med = statistics.median(speeds[name])
-        rows.append((name, med, speeds[name], med / ref, med / dense))
-        t.add_row(name, f"{med:.2f}", " ".join(f"{x:.1f}" for x in speeds[name]), f"{med / ref:.2f}x", f"{med / dense:.2f}x")
+        shown = (name, f"{med:.2f}", " ".join(f"{x:.1f}" for x in speeds[name]), f"{med / ref:.2f}x", f"{med / dense:.2f}x")
+        rows.append((name, med, speeds[name], shown))
+    t = Table(title=title)
+    for c in header:
+        t.add_column(c, justify="left" if c == "configuration" else "right")
+    for *_, shown in rows:
+        t.add_row(*shown)
     Console().print(t)
     with open(out / "hybrid-speed.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["configuration", "tok_s_median", "runs", "vs_cpu_sparse", "vs_dense", "device", "model", "threads"])
-        for name, med, runs, r1, r2 in rows:
-            w.writerow([name, f"{med:.3f}", " ".join(f"{x:.2f}" for x in runs), f"{r1:.3f}", f"{r2:.3f}", where, path.name, a.threads])
+        for name, med, runs, _ in rows:
+            w.writerow([name, f"{med:.3f}", " ".join(f"{x:.2f}" for x in runs), f"{med / ref:.3f}", f"{med / dense:.3f}",
+                        where, path.name, a.threads])
     with open(out / "hybrid-speed.md", "w") as f:
-        f.write(f"decode tok/s, {path.name}, {a.threads} threads, hybrid device: {where}\n\n")
-        f.write("| configuration | tok/s (median) | runs | vs CPU-only sparse | vs dense FFN |\n|---|---|---|---|---|\n")
-        for name, med, runs, r1, r2 in rows:
-            f.write(f"| {name} | {med:.2f} | {' '.join(f'{x:.1f}' for x in runs)} | {r1:.2f}x | {r2:.2f}x |\n")
+        f.write(f"{title}\n\n| " + " | ".join(header) + " |\n" + "|---" * len(header) + "|\n")
+        for *_, shown in rows:
+            f.write("| " + " | ".join(shown) + " |\n")
     return 0
 
 
