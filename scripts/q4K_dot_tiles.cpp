@@ -5,14 +5,21 @@
 // super-blocks of 144 bytes with 8 six-bit scales and mins; x quantized to Q8_K). Each design
 // computes that for a random share of the rows, 8 rows per call, and is checked against an f64
 // reference of the same quantized values (nmse). Variants:
-//   perm256  kx_dot_q4K (kairox-sparse.cpp before patch 0097): per 32 code bytes one 256-bit load,
+//   perm256  kx_dot_q4K before patch 0097: per 32 code bytes one 256-bit load,
 //            a shift and an insert to put both nibbles in one register, a maddubs, a word permute
 //            of the scales (vpermw) and a dpwssd
 //   shuf512  64 code bytes per load: the low nibbles hold sub-blocks 4h and 4h+2, the high ones
 //            4h+1 and 4h+3, so the activations are regrouped once per super-block for all rows;
 //            the scales are spread by a byte shuffle (vpshufb) of a broadcast instead of vpermw
+//   shuf512d shuf512, with d and dmin converted together (one vcvtph2ps per row and super-block)
+//   shuf512v shuf512d with the six-bit scales unpacked in vector registers (slower: the vector
+//            units are the busy ones)
+//   shuf512u shuf512d with the row loop unrolled (GCC 12 otherwise keeps the accumulators on the
+//            stack)
+//   shuf512g shuf512u with the high nibbles by one GFNI affine transform (patch 0098's kernel)
 //
-//   g++ -O2 -march=native scripts/q4K_dot_tiles.cpp -o /tmp/q4K_dot_tiles   (AVX-512 BW; VNNI used if present)
+//   g++ -O3 -march=native scripts/q4K_dot_tiles.cpp -o /tmp/q4K_dot_tiles   (AVX-512 BW, GFNI; VNNI if present;
+//                                                                          -O3 as the library is built)
 //   /tmp/q4K_dot_tiles [k n density]       (default 4096 256 1.0: rows that fit in L2)
 //
 // Output: per variant, nmse against the f64 reference and the best of 200 timings (us per call,
@@ -238,6 +245,99 @@ template <int R> static void shuf512v(int k, const char * const * rows, const vo
     for (int r = 0; r < R; ++r) { out[r] = fin(acc[r], accm[r]); }
 }
 
+template <int R> static void shuf512u(int k, const char * const * rows, const void * vx, float * out) {
+    const int nb = k / 256;
+    const bq8K * y = (const bq8K *) vx;
+    const bq4K * w[R];
+    __m512 acc[R];
+    __m128 accm[R];
+    for (int r = 0; r < R; ++r) { w[r] = (const bq4K *) rows[r]; acc[r] = _mm512_setzero_ps(); accm[r] = _mm_setzero_ps(); }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    // lo[h]: sub-blocks 4h, 4h+2; hi[h]: 4h+1, 4h+3
+    const __m512i clo0 = scale_ctl(0, 2), chi0 = scale_ctl(1, 3), clo1 = scale_ctl(4, 6), chi1 = scale_ctl(5, 7);
+    for (int b = 0; b < nb; ++b) {
+        const int8_t * q8 = y[b].qs;
+        __m512i xlo[2], xhi[2];
+        for (int h = 0; h < 2; ++h) {
+            xlo[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h)))),
+                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 2))), 1);
+            xhi[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 1)))),
+                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 3))), 1);
+        }
+        const __m256i bs  = _mm256_loadu_si256((const __m256i *) y[b].bsums);
+        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128 dyv = _mm_setr_ps(y[b].d, -y[b].d, 0.0f, 0.0f);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+            const bq4K * blk = w[r] + b;
+            uint64_t sc8, mn8;
+            scale_bytes(blk->scales, sc8, mn8);
+            const __m512i scb = _mm512_set1_epi64((long long) sc8);
+            const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long) mn8));
+            int32_t dmw;
+            memcpy(&dmw, blk, 4);
+            const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dmw)), dyv); // dy*d, -dy*dmin
+            accm[r] = _mm_fmadd_ps(_mm_permute_ps(dd, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, q8s)), accm[r]);
+            const __m512i q0 = _mm512_loadu_si512((const void *) blk->qs);
+            const __m512i q1 = _mm512_loadu_si512((const void *) (blk->qs + 64));
+            __m512i sum = _mm512_setzero_si512();
+            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo0), _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), xlo[0]));
+            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi0), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), xhi[0]));
+            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo1), _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), xlo[1]));
+            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi1), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), xhi[1]));
+            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sum), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) { out[r] = fin(acc[r], accm[r]); }
+}
+
+template <int R> static void shuf512g(int k, const char * const * rows, const void * vx, float * out) {
+    const int nb = k / 256;
+    const bq8K * y = (const bq8K *) vx;
+    const bq4K * w[R];
+    __m512 acc[R];
+    __m128 accm[R];
+    for (int r = 0; r < R; ++r) { w[r] = (const bq4K *) rows[r]; acc[r] = _mm512_setzero_ps(); accm[r] = _mm_setzero_ps(); }
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i shr4 = _mm512_set1_epi64(0x1020408000000000LL); // GFNI: each byte >> 4
+    // lo[h]: sub-blocks 4h, 4h+2; hi[h]: 4h+1, 4h+3
+    const __m512i clo0 = scale_ctl(0, 2), chi0 = scale_ctl(1, 3), clo1 = scale_ctl(4, 6), chi1 = scale_ctl(5, 7);
+    for (int b = 0; b < nb; ++b) {
+        const int8_t * q8 = y[b].qs;
+        __m512i xlo[2], xhi[2];
+        for (int h = 0; h < 2; ++h) {
+            xlo[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h)))),
+                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 2))), 1);
+            xhi[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 1)))),
+                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 3))), 1);
+        }
+        const __m256i bs  = _mm256_loadu_si256((const __m256i *) y[b].bsums);
+        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        const __m128 dyv = _mm_setr_ps(y[b].d, -y[b].d, 0.0f, 0.0f);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+            const bq4K * blk = w[r] + b;
+            uint64_t sc8, mn8;
+            scale_bytes(blk->scales, sc8, mn8);
+            const __m512i scb = _mm512_set1_epi64((long long) sc8);
+            const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long) mn8));
+            int32_t dmw;
+            memcpy(&dmw, blk, 4);
+            const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dmw)), dyv); // dy*d, -dy*dmin
+            accm[r] = _mm_fmadd_ps(_mm_permute_ps(dd, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, q8s)), accm[r]);
+            const __m512i q0 = _mm512_loadu_si512((const void *) blk->qs);
+            const __m512i q1 = _mm512_loadu_si512((const void *) (blk->qs + 64));
+            __m512i sum = _mm512_setzero_si512();
+            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo0), _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), xlo[0]));
+            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi0), _mm512_maddubs_epi16(_mm512_gf2p8affine_epi64_epi8(q0, shr4, 0), xhi[0]));
+            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo1), _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), xlo[1]));
+            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi1), _mm512_maddubs_epi16(_mm512_gf2p8affine_epi64_epi8(q1, shr4, 0), xhi[1]));
+            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sum), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) { out[r] = fin(acc[r], accm[r]); }
+}
+
 int main(int argc, char ** argv) {
     const int k = argc > 1 ? atoi(argv[1]) : 4096, n = argc > 2 ? atoi(argv[2]) : 256;
     const double dens = argc > 3 ? atof(argv[3]) : 1.0;
@@ -281,7 +381,7 @@ int main(int argc, char ** argv) {
         }
         ref[i] = s;
     }
-    struct variant { const char * name; kfn f; } vs[] = { { "perm256", perm256<8> }, { "shuf512", shuf512<8> }, { "shuf512d", shuf512d<8> }, { "shuf512v", shuf512v<8> } };
+    struct variant { const char * name; kfn f; } vs[] = { { "perm256", perm256<8> }, { "shuf512", shuf512<8> }, { "shuf512d", shuf512d<8> }, { "shuf512v", shuf512v<8> }, { "shuf512u", shuf512u<8> }, { "shuf512g", shuf512g<8> } };
     std::vector<float> v(L.size());
     printf("| variant | nmse | us per call | ns per row super-block |\n|---|---|---|---|\n");
     for (const auto & var : vs) {
