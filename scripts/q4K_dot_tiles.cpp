@@ -107,7 +107,10 @@ static inline __m512i scale_ctl(int a, int b) {
     return _mm512_load_si512(c);
 }
 
-template <int R> static void shuf512(int k, const char * const * rows, const void * vx, float * out) {
+// the shuf512 family: DD converts d and dmin together, VEC unpacks the scales in vector registers,
+// UNROLL unrolls the row loop, GFNI takes the high nibbles by one affine transform
+template <int R, bool DD, bool VEC, bool UNROLL, bool GFNI>
+static void shuf512(int k, const char * const * rows, const void * vx, float * out) {
     const int nb = k / 256;
     const bq8K * y = (const bq8K *) vx;
     const bq4K * w[R];
@@ -115,8 +118,18 @@ template <int R> static void shuf512(int k, const char * const * rows, const voi
     __m128 accm[R];
     for (int r = 0; r < R; ++r) { w[r] = (const bq4K *) rows[r]; acc[r] = _mm512_setzero_ps(); accm[r] = _mm_setzero_ps(); }
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i shr4 = _mm512_set1_epi64(0x1020408000000000LL); // GFNI: each byte >> 4
     // lo[h]: sub-blocks 4h, 4h+2; hi[h]: 4h+1, 4h+3
-    const __m512i clo0 = scale_ctl(0, 2), chi0 = scale_ctl(1, 3), clo1 = scale_ctl(4, 6), chi1 = scale_ctl(5, 7);
+    const __m512i clo[2] = { scale_ctl(0, 2), scale_ctl(4, 6) }, chi[2] = { scale_ctl(1, 3), scale_ctl(5, 7) };
+    // VEC: the 12 scale bytes to sc 0-7 | mn 0-7 with shuffles, shifts and masks
+    const __m128i sidx1 = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+    const __m128i sidx2 = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
+    const __m128i shv = _mm_setr_epi32(0, 0, 0, 4);
+    const __m128i lmask = _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
+    const __m128i hmask = _mm_set1_epi32(0x30303030);
+    auto hi_nib = [&](__m512i q) {
+        return GFNI ? _mm512_gf2p8affine_epi64_epi8(q, shr4, 0) : _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+    };
     for (int b = 0; b < nb; ++b) {
         const int8_t * q8 = y[b].qs;
         __m512i xlo[2], xhi[2];
@@ -129,210 +142,48 @@ template <int R> static void shuf512(int k, const char * const * rows, const voi
         const __m256i bs  = _mm256_loadu_si256((const __m256i *) y[b].bsums);
         const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
         const float dy = y[b].d;
-        for (int r = 0; r < R; ++r) {
+        const __m128 dyv = _mm_setr_ps(dy, -dy, 0.0f, 0.0f);
+        auto row = [&](int r) {
             const bq4K * blk = w[r] + b;
-            uint64_t sc8, mn8;
-            scale_bytes(blk->scales, sc8, mn8);
-            const __m512i scb = _mm512_set1_epi64((long long) sc8);
-            const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long) mn8));
-            accm[r] = _mm_fmadd_ps(_mm_set1_ps(-dy * _cvtsh_ss(blk->dmin)), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, q8s)), accm[r]);
-            const __m512i q0 = _mm512_loadu_si512((const void *) blk->qs);
-            const __m512i q1 = _mm512_loadu_si512((const void *) (blk->qs + 64));
+            __m512i scb;
+            __m128i mn16;
+            if constexpr (VEC) {
+                const __m128i v  = _mm_loadu_si128((const __m128i *) blk->scales);
+                const __m128i t1 = _mm_shuffle_epi8(v, sidx1), t2 = _mm_shuffle_epi8(v, sidx2);
+                const __m128i sm = _mm_or_si128(_mm_and_si128(_mm_srlv_epi32(t1, shv), lmask), _mm_and_si128(_mm_srli_epi32(t2, 2), hmask));
+                scb  = _mm512_broadcastq_epi64(sm);
+                mn16 = _mm_unpackhi_epi8(sm, _mm_setzero_si128());
+            } else {
+                uint64_t sc8, mn8;
+                scale_bytes(blk->scales, sc8, mn8);
+                scb  = _mm512_set1_epi64((long long) sc8);
+                mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long) mn8));
+            }
+            const __m128i mins = _mm_madd_epi16(mn16, q8s);
+            __m512 dsc;
+            if constexpr (DD) {
+                int32_t dmw;
+                memcpy(&dmw, blk, 4);
+                const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dmw)), dyv); // dy*d, -dy*dmin
+                accm[r] = _mm_fmadd_ps(_mm_permute_ps(dd, 0x55), _mm_cvtepi32_ps(mins), accm[r]);
+                dsc = _mm512_broadcastss_ps(dd);
+            } else {
+                accm[r] = _mm_fmadd_ps(_mm_set1_ps(-dy * _cvtsh_ss(blk->dmin)), _mm_cvtepi32_ps(mins), accm[r]);
+                dsc = _mm512_set1_ps(dy * _cvtsh_ss(blk->d));
+            }
             __m512i sum = _mm512_setzero_si512();
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo0), _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), xlo[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi0), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), xhi[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo1), _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), xlo[1]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi1), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), xhi[1]));
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(dy * _cvtsh_ss(blk->d)), _mm512_cvtepi32_ps(sum), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; ++r) { out[r] = fin(acc[r], accm[r]); }
-}
-
-template <int R> static void shuf512d(int k, const char * const * rows, const void * vx, float * out) {
-    const int nb = k / 256;
-    const bq8K * y = (const bq8K *) vx;
-    const bq4K * w[R];
-    __m512 acc[R];
-    __m128 accm[R];
-    for (int r = 0; r < R; ++r) { w[r] = (const bq4K *) rows[r]; acc[r] = _mm512_setzero_ps(); accm[r] = _mm_setzero_ps(); }
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    // lo[h]: sub-blocks 4h, 4h+2; hi[h]: 4h+1, 4h+3
-    const __m512i clo0 = scale_ctl(0, 2), chi0 = scale_ctl(1, 3), clo1 = scale_ctl(4, 6), chi1 = scale_ctl(5, 7);
-    for (int b = 0; b < nb; ++b) {
-        const int8_t * q8 = y[b].qs;
-        __m512i xlo[2], xhi[2];
-        for (int h = 0; h < 2; ++h) {
-            xlo[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h)))),
-                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 2))), 1);
-            xhi[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 1)))),
-                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 3))), 1);
-        }
-        const __m256i bs  = _mm256_loadu_si256((const __m256i *) y[b].bsums);
-        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m128 dyv = _mm_setr_ps(y[b].d, -y[b].d, 0.0f, 0.0f);
-        for (int r = 0; r < R; ++r) {
-            const bq4K * blk = w[r] + b;
-            uint64_t sc8, mn8;
-            scale_bytes(blk->scales, sc8, mn8);
-            const __m512i scb = _mm512_set1_epi64((long long) sc8);
-            const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long) mn8));
-            int32_t dmw;
-            memcpy(&dmw, blk, 4);
-            const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dmw)), dyv); // dy*d, -dy*dmin
-            accm[r] = _mm_fmadd_ps(_mm_permute_ps(dd, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, q8s)), accm[r]);
-            const __m512i q0 = _mm512_loadu_si512((const void *) blk->qs);
-            const __m512i q1 = _mm512_loadu_si512((const void *) (blk->qs + 64));
-            __m512i sum = _mm512_setzero_si512();
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo0), _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), xlo[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi0), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), xhi[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo1), _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), xlo[1]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi1), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), xhi[1]));
-            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sum), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; ++r) { out[r] = fin(acc[r], accm[r]); }
-}
-
-template <int R> static void shuf512v(int k, const char * const * rows, const void * vx, float * out) {
-    const int nb = k / 256;
-    const bq8K * y = (const bq8K *) vx;
-    const bq4K * w[R];
-    __m512 acc[R];
-    __m128 accm[R];
-    for (int r = 0; r < R; ++r) { w[r] = (const bq4K *) rows[r]; acc[r] = _mm512_setzero_ps(); accm[r] = _mm_setzero_ps(); }
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m128i sidx1 = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
-    const __m128i sidx2 = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
-    const __m128i shv = _mm_setr_epi32(0, 0, 0, 4);
-    const __m128i lmask = _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f);
-    const __m128i hmask = _mm_set1_epi32(0x30303030);
-    // lo[h]: sub-blocks 4h, 4h+2; hi[h]: 4h+1, 4h+3
-    const __m512i clo0 = scale_ctl(0, 2), chi0 = scale_ctl(1, 3), clo1 = scale_ctl(4, 6), chi1 = scale_ctl(5, 7);
-    for (int b = 0; b < nb; ++b) {
-        const int8_t * q8 = y[b].qs;
-        __m512i xlo[2], xhi[2];
-        for (int h = 0; h < 2; ++h) {
-            xlo[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h)))),
-                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 2))), 1);
-            xhi[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 1)))),
-                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 3))), 1);
-        }
-        const __m256i bs  = _mm256_loadu_si256((const __m256i *) y[b].bsums);
-        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m128 dyv = _mm_setr_ps(y[b].d, -y[b].d, 0.0f, 0.0f);
-        for (int r = 0; r < R; ++r) {
-            const bq4K * blk = w[r] + b;
-            const __m128i v  = _mm_loadu_si128((const __m128i *) blk->scales);
-            const __m128i t1 = _mm_shuffle_epi8(v, sidx1), t2 = _mm_shuffle_epi8(v, sidx2);
-            const __m128i sm = _mm_or_si128(_mm_and_si128(_mm_srlv_epi32(t1, shv), lmask), _mm_and_si128(_mm_srli_epi32(t2, 2), hmask));
-            const __m512i scb = _mm512_broadcastq_epi64(sm);
-            const __m128i mn16 = _mm_unpackhi_epi8(sm, _mm_setzero_si128());
-            int32_t dmw;
-            memcpy(&dmw, blk, 4);
-            const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dmw)), dyv); // dy*d, -dy*dmin
-            accm[r] = _mm_fmadd_ps(_mm_permute_ps(dd, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, q8s)), accm[r]);
-            const __m512i q0 = _mm512_loadu_si512((const void *) blk->qs);
-            const __m512i q1 = _mm512_loadu_si512((const void *) (blk->qs + 64));
-            __m512i sum = _mm512_setzero_si512();
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo0), _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), xlo[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi0), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), xhi[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo1), _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), xlo[1]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi1), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), xhi[1]));
-            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sum), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; ++r) { out[r] = fin(acc[r], accm[r]); }
-}
-
-template <int R> static void shuf512u(int k, const char * const * rows, const void * vx, float * out) {
-    const int nb = k / 256;
-    const bq8K * y = (const bq8K *) vx;
-    const bq4K * w[R];
-    __m512 acc[R];
-    __m128 accm[R];
-    for (int r = 0; r < R; ++r) { w[r] = (const bq4K *) rows[r]; acc[r] = _mm512_setzero_ps(); accm[r] = _mm_setzero_ps(); }
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    // lo[h]: sub-blocks 4h, 4h+2; hi[h]: 4h+1, 4h+3
-    const __m512i clo0 = scale_ctl(0, 2), chi0 = scale_ctl(1, 3), clo1 = scale_ctl(4, 6), chi1 = scale_ctl(5, 7);
-    for (int b = 0; b < nb; ++b) {
-        const int8_t * q8 = y[b].qs;
-        __m512i xlo[2], xhi[2];
-        for (int h = 0; h < 2; ++h) {
-            xlo[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h)))),
-                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 2))), 1);
-            xhi[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 1)))),
-                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 3))), 1);
-        }
-        const __m256i bs  = _mm256_loadu_si256((const __m256i *) y[b].bsums);
-        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m128 dyv = _mm_setr_ps(y[b].d, -y[b].d, 0.0f, 0.0f);
+            for (int h = 0; h < 2; ++h) {
+                const __m512i q = _mm512_loadu_si512((const void *) (blk->qs + 64 * h));
+                sum = dpw(sum, _mm512_shuffle_epi8(scb, clo[h]), _mm512_maddubs_epi16(_mm512_and_si512(q, m4), xlo[h]));
+                sum = dpw(sum, _mm512_shuffle_epi8(scb, chi[h]), _mm512_maddubs_epi16(hi_nib(q), xhi[h]));
+            }
+            acc[r] = _mm512_fmadd_ps(dsc, _mm512_cvtepi32_ps(sum), acc[r]);
+        };
+        if constexpr (UNROLL) {
 #pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-            const bq4K * blk = w[r] + b;
-            uint64_t sc8, mn8;
-            scale_bytes(blk->scales, sc8, mn8);
-            const __m512i scb = _mm512_set1_epi64((long long) sc8);
-            const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long) mn8));
-            int32_t dmw;
-            memcpy(&dmw, blk, 4);
-            const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dmw)), dyv); // dy*d, -dy*dmin
-            accm[r] = _mm_fmadd_ps(_mm_permute_ps(dd, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, q8s)), accm[r]);
-            const __m512i q0 = _mm512_loadu_si512((const void *) blk->qs);
-            const __m512i q1 = _mm512_loadu_si512((const void *) (blk->qs + 64));
-            __m512i sum = _mm512_setzero_si512();
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo0), _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), xlo[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi0), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q0, 4), m4), xhi[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo1), _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), xlo[1]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi1), _mm512_maddubs_epi16(_mm512_and_si512(_mm512_srli_epi16(q1, 4), m4), xhi[1]));
-            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sum), acc[r]);
-        }
-    }
-    for (int r = 0; r < R; ++r) { out[r] = fin(acc[r], accm[r]); }
-}
-
-template <int R> static void shuf512g(int k, const char * const * rows, const void * vx, float * out) {
-    const int nb = k / 256;
-    const bq8K * y = (const bq8K *) vx;
-    const bq4K * w[R];
-    __m512 acc[R];
-    __m128 accm[R];
-    for (int r = 0; r < R; ++r) { w[r] = (const bq4K *) rows[r]; acc[r] = _mm512_setzero_ps(); accm[r] = _mm_setzero_ps(); }
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i shr4 = _mm512_set1_epi64(0x1020408000000000LL); // GFNI: each byte >> 4
-    // lo[h]: sub-blocks 4h, 4h+2; hi[h]: 4h+1, 4h+3
-    const __m512i clo0 = scale_ctl(0, 2), chi0 = scale_ctl(1, 3), clo1 = scale_ctl(4, 6), chi1 = scale_ctl(5, 7);
-    for (int b = 0; b < nb; ++b) {
-        const int8_t * q8 = y[b].qs;
-        __m512i xlo[2], xhi[2];
-        for (int h = 0; h < 2; ++h) {
-            xlo[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h)))),
-                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 2))), 1);
-            xhi[h] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 1)))),
-                                        _mm256_loadu_si256((const __m256i *) (q8 + 32 * (4 * h + 3))), 1);
-        }
-        const __m256i bs  = _mm256_loadu_si256((const __m256i *) y[b].bsums);
-        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        const __m128 dyv = _mm_setr_ps(y[b].d, -y[b].d, 0.0f, 0.0f);
-#pragma GCC unroll 16
-        for (int r = 0; r < R; ++r) {
-            const bq4K * blk = w[r] + b;
-            uint64_t sc8, mn8;
-            scale_bytes(blk->scales, sc8, mn8);
-            const __m512i scb = _mm512_set1_epi64((long long) sc8);
-            const __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long) mn8));
-            int32_t dmw;
-            memcpy(&dmw, blk, 4);
-            const __m128 dd = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dmw)), dyv); // dy*d, -dy*dmin
-            accm[r] = _mm_fmadd_ps(_mm_permute_ps(dd, 0x55), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, q8s)), accm[r]);
-            const __m512i q0 = _mm512_loadu_si512((const void *) blk->qs);
-            const __m512i q1 = _mm512_loadu_si512((const void *) (blk->qs + 64));
-            __m512i sum = _mm512_setzero_si512();
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo0), _mm512_maddubs_epi16(_mm512_and_si512(q0, m4), xlo[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi0), _mm512_maddubs_epi16(_mm512_gf2p8affine_epi64_epi8(q0, shr4, 0), xhi[0]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, clo1), _mm512_maddubs_epi16(_mm512_and_si512(q1, m4), xlo[1]));
-            sum = dpw(sum, _mm512_shuffle_epi8(scb, chi1), _mm512_maddubs_epi16(_mm512_gf2p8affine_epi64_epi8(q1, shr4, 0), xhi[1]));
-            acc[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dd), _mm512_cvtepi32_ps(sum), acc[r]);
+            for (int r = 0; r < R; ++r) { row(r); }
+        } else {
+            for (int r = 0; r < R; ++r) { row(r); }
         }
     }
     for (int r = 0; r < R; ++r) { out[r] = fin(acc[r], accm[r]); }
@@ -381,7 +232,14 @@ int main(int argc, char ** argv) {
         }
         ref[i] = s;
     }
-    struct variant { const char * name; kfn f; } vs[] = { { "perm256", perm256<8> }, { "shuf512", shuf512<8> }, { "shuf512d", shuf512d<8> }, { "shuf512v", shuf512v<8> }, { "shuf512u", shuf512u<8> }, { "shuf512g", shuf512g<8> } };
+    struct variant { const char * name; kfn f; } vs[] = {
+        { "perm256", perm256<8> },
+        { "shuf512", shuf512<8, false, false, false, false> },
+        { "shuf512d", shuf512<8, true, false, false, false> },
+        { "shuf512v", shuf512<8, true, true, false, false> },
+        { "shuf512u", shuf512<8, true, false, true, false> },
+        { "shuf512g", shuf512<8, true, false, true, true> },
+    };
     std::vector<float> v(L.size());
     printf("| variant | nmse | us per call | ns per row super-block |\n|---|---|---|---|\n");
     for (const auto & var : vs) {
