@@ -14,6 +14,14 @@
 //
 // Output: a Markdown table, one line per shape and density: median microseconds per matrix of
 // "all" and of the sparse reads, their ratio, and the share of 64-byte lines the rows touch.
+//
+//   /tmp/row_reads --ways [row_bytes:rows ...]
+//
+// compares ways of requesting the rows (75% and 90% of them), each against "all" read the same
+// way and against the fastest "all" of any way (a dense kernel streams with the hardware
+// prefetchers alone): "ahead" (the default above), "hw" (no software prefetch), "gaps" (hardware
+// prefetchers, and the skipped rows' lines requested too, so that the stream has no holes),
+// "after-gap" (hardware prefetchers, and only the rows that follow a gap requested, 4 rows ahead).
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <pthread.h>
@@ -25,6 +33,8 @@
 #include <time.h>
 
 enum { NTH = 2, PER_CALL = 32, MASKS = 16, AHEAD = 16, REPS = 120 };
+enum way { WAY_AHEAD, WAY_HW, WAY_GAPS, WAY_AFTER_GAP, N_WAYS };
+static const char * const way_names[N_WAYS] = { "ahead", "hw", "gaps", "after-gap" };
 
 typedef struct {
     const char * buf;
@@ -33,6 +43,7 @@ typedef struct {
     const int * list[MASKS];
     int nlist[MASKS];
     int first_copy, mask0;       // this call's first weight copy and mask
+    int way;                     // enum way: how the rows are requested
     _Atomic int go, done;
     long long sink[NTH];
 } shared_t;
@@ -45,6 +56,17 @@ static double now_us(void) {
     return t.tv_sec * 1e6 + t.tv_nsec * 1e-3;
 }
 
+// Requests every line of rows [r0, r1) of the copy at base: into L2 for the rows ahead (as
+// kx_stream does), into L1 for the gaps, which are needed at once.
+static void prefetch_rows(const char * base, int r0, int r1) {
+    for (int r = r0; r < r1; ++r) {
+        const char * q = base + (size_t) r * S.rb;
+        for (size_t o = 0; o < S.rb + 63; o += 64) {
+            if (S.way == WAY_GAPS) { _mm_prefetch(q + o, _MM_HINT_T0); } else { _mm_prefetch(q + o, _MM_HINT_T1); }
+        }
+    }
+}
+
 static void read_share(int th) {
     __m256i acc = _mm256_setzero_si256();
     for (int c = 0; c < PER_CALL; ++c) {
@@ -53,11 +75,12 @@ static void read_share(int th) {
         const int * L = S.list[m];
         const int n = S.nlist[m], i0 = n * th / NTH, i1 = n * (th + 1) / NTH;
         for (int i = i0; i < i1; ++i) {
-            if (i + AHEAD < i1) {
-                const char * q = base + (size_t) L[i + AHEAD] * S.rb;
-                for (size_t o = 0; o < S.rb + 63; o += 64) {
-                    _mm_prefetch(q + o, _MM_HINT_T1);
-                }
+            if (S.way == WAY_AHEAD && i + AHEAD < i1) {
+                prefetch_rows(base, L[i + AHEAD], L[i + AHEAD] + 1);
+            } else if (S.way == WAY_GAPS && i + 1 < i1) {
+                prefetch_rows(base, L[i] + 1, L[i + 1]);
+            } else if (S.way == WAY_AFTER_GAP && i + 4 < i1 && L[i + 4] != L[i + 3] + 1) {
+                prefetch_rows(base, L[i + 4], L[i + 4] + 1);
             }
             const char * r = base + (size_t) L[i] * S.rb;
             size_t o = 0;
@@ -86,7 +109,8 @@ static void * worker(void * arg) {
 }
 
 static int call_no = 0;
-static double timed_call(const int * const * lists, const int * nlists) {
+static double timed_call(const int * const * lists, const int * nlists, int way) {
+    S.way = way;
     for (int m = 0; m < MASKS; ++m) { S.list[m] = lists[m]; S.nlist[m] = nlists[m]; }
     S.first_copy = rand() % S.ncopy;
     S.mask0 = rand() % MASKS;
@@ -108,8 +132,12 @@ static double median(double * v, int n) {
     return v[n / 2];
 }
 
-static void run_shape(size_t rb, int rows) {
-    static const double dens[] = { 0.10, 0.25, 0.50, 0.75, 0.90 };
+// ways: 0 = the default table (way "ahead", densities 10-90%), 1 = every way at 75% and 90%.
+static void run_shape(size_t rb, int rows, int ways) {
+    static const double dens_all[] = { 0.10, 0.25, 0.50, 0.75, 0.90 };
+    const double * dens = ways ? dens_all + 3 : dens_all;
+    const size_t n_dens = ways ? 2 : 5;
+    const int n_ways = ways ? N_WAYS : 1;
     S.rb = rb;
     S.mat = rb * rows;
     S.ncopy = (int) ((512u << 20) / S.mat); // 512 MiB of copies: far beyond the L3
@@ -124,7 +152,7 @@ static void run_shape(size_t rb, int rows) {
     int all_n[MASKS];
     for (int m = 0; m < MASKS; ++m) { all_l[m] = all; all_n[m] = rows; }
 
-    for (size_t di = 0; di < sizeof(dens) / sizeof(dens[0]); ++di) {
+    for (size_t di = 0; di < n_dens; ++di) {
         int * lists[MASKS];
         int nl[MASKS];
         double lines = 0;
@@ -145,13 +173,27 @@ static void run_shape(size_t rb, int rows) {
             lines += (double) t / nlines / MASKS;
         }
         free(touched);
-        double ta[REPS], ts[REPS];
+        double ta[N_WAYS][REPS], ts[N_WAYS][REPS], ma[N_WAYS], ms[N_WAYS], best_all = 1e30;
         for (int k = 0; k < REPS; ++k) {
-            ta[k] = timed_call(all_l, all_n);
-            ts[k] = timed_call((const int * const *) lists, nl);
+            for (int w = 0; w < n_ways; ++w) {
+                ta[w][k] = timed_call(all_l, all_n, w);
+                ts[w][k] = timed_call((const int * const *) lists, nl, w);
+            }
         }
-        const double ma = median(ta, REPS), ms = median(ts, REPS);
-        printf("| %zu x %d | %.0f%% | %.1f | %.1f | %.2fx | %.0f%% |\n", rb, rows, 100 * dens[di], ma, ms, ma / ms, 100 * lines);
+        for (int w = 0; w < n_ways; ++w) {
+            ma[w] = median(ta[w], REPS);
+            ms[w] = median(ts[w], REPS);
+            if (ma[w] < best_all) { best_all = ma[w]; }
+        }
+        for (int w = 0; w < n_ways; ++w) {
+            if (ways) {
+                printf("| %zu x %d | %.0f%% | %s | %.1f | %.1f | %.2fx | %.2fx |\n", rb, rows, 100 * dens[di], way_names[w],
+                       ma[w], ms[w], ma[w] / ms[w], best_all / ms[w]);
+            } else {
+                printf("| %zu x %d | %.0f%% | %.1f | %.1f | %.2fx | %.0f%% |\n", rb, rows, 100 * dens[di], ma[w], ms[w],
+                       ma[w] / ms[w], 100 * lines);
+            }
+        }
         fflush(stdout);
         for (int m = 0; m < MASKS; ++m) { free(lists[m]); }
     }
@@ -163,23 +205,30 @@ int main(int argc, char ** argv) {
     srand(1);
     pthread_t t[NTH];
     for (int i = 1; i < NTH; ++i) { pthread_create(&t[i], NULL, worker, (void *) (intptr_t) i); }
-    printf("| row bytes x rows | rows read | all (us) | those rows (us) | all / those | lines touched |\n");
-    printf("|---|---|---|---|---|---|\n");
-    if (argc > 1) {
-        for (int i = 1; i < argc; ++i) {
+    int first = 1, ways = 0;
+    if (argc > 1 && strcmp(argv[1], "--ways") == 0) { ways = 1; first = 2; }
+    if (ways) {
+        printf("| row bytes x rows | rows read | way | all (us) | those rows (us) | all / those | fastest all / those |\n");
+        printf("|---|---|---|---|---|---|---|\n");
+    } else {
+        printf("| row bytes x rows | rows read | all (us) | those rows (us) | all / those | lines touched |\n");
+        printf("|---|---|---|---|---|---|\n");
+    }
+    if (argc > first) {
+        for (int i = first; i < argc; ++i) {
             size_t rb; int rows;
             if (sscanf(argv[i], "%zu:%d", &rb, &rows) != 2 || rb == 0 || rows <= 0) {
                 fprintf(stderr, "row_reads: expected row_bytes:rows, got '%s'\n", argv[i]);
                 return 1;
             }
-            run_shape(rb, rows);
+            run_shape(rb, rows, ways);
         }
     } else {
         // Q4_0 576x1536 (gate/up and down_t rows), Q8_0 576x1536, Q4_0 4096x11008, Q6_K 4096x11008
-        run_shape(324, 1536);
-        run_shape(612, 1536);
-        run_shape(2304, 11008);
-        run_shape(3360, 11008);
+        run_shape(324, 1536, ways);
+        run_shape(612, 1536, ways);
+        run_shape(2304, 11008, ways);
+        run_shape(3360, 11008, ways);
     }
     atomic_store(&S.go, -1);
     for (int i = 1; i < NTH; ++i) { pthread_join(t[i], NULL); }
