@@ -157,12 +157,16 @@ def open_input(path: Path) -> InputModel:
         raise KairoxError(f"{path}: missing or per-layer {arch} dimensions (only uniform "
                           f"dense FFNs are supported)")
     tensors = {t.name: t for t in reader.tensors}
+    gated = arch not in fmt.UNGATED_ARCHES
+    kinds = ("ffn_gate", "ffn_up", "ffn_down") if gated else ("ffn_up", "ffn_down")
     for il in range(n_layer):
-        for kind in ("ffn_gate", "ffn_up", "ffn_down"):
+        for kind in kinds:
             name = f"blk.{il}.{kind}.weight"
             if name not in tensors:
-                raise KairoxError(f"{path}: tensor {name} is missing (a gated dense FFN is "
-                                  f"needed)")
+                raise KairoxError(f"{path}: tensor {name} is missing (a "
+                                  f"{'gated ' if gated else ''}dense FFN is needed)")
+        if not gated and f"blk.{il}.ffn_gate.weight" in tensors:
+            raise KairoxError(f"{path}: an {arch} model with an FFN gate is not supported")
         for kind in ("ffn_gate", "ffn_up", "ffn_down"):
             if f"blk.{il}.{kind}.bias" in tensors:
                 raise KairoxError(f"{path}: FFN biases are not supported by the sparse path")
@@ -187,6 +191,9 @@ def check_options(opts: ConvertOptions, inp: InputModel) -> None:
         raise KairoxError(f"--self-text must be >= 0, got {opts.self_text}")
     if not (opts.pred_down_scale >= 0.0 and math.isfinite(opts.pred_down_scale)):
         raise KairoxError(f"--pred-down-scale must be finite and >= 0, got {opts.pred_down_scale}")
+    if opts.mode == "cats" and inp.arch in fmt.UNGATED_ARCHES:
+        raise KairoxError(f"--mode cats needs a gated FFN (|act(gate)|); {inp.arch} has none: "
+                          f"use --mode predictor or threshold")
     if opts.mode == "predictor" and not opts.predictor:
         raise KairoxError("--mode predictor needs predictors (drop --no-predictor)")
     if opts.pred_type not in PRED_TYPES:
@@ -226,7 +233,7 @@ def cats_thresholds(inp: InputModel, prof: Profile, sparsity: float, activation:
     re-implementation: just that layer's gate projection of recorded inputs)."""
     out = np.zeros(inp.n_layer, dtype=np.float32)
     for il in range(inp.n_layer):
-        if activation != "relu":
+        if activation != "relu" and inp.arch not in fmt.UNGATED_ARCHES:  # no gate: no CATS
             t = inp.tensors[f"blk.{il}.ffn_gate.weight"]
             wg = dequantize(t.data, t.tensor_type)  # (n_ff, n_embd)
             x = np.asarray(prof.inputs[il], dtype=np.float32)

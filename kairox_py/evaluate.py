@@ -11,7 +11,8 @@ FFN work is counted from the library's per-layer statistics as the share of weig
 computed: (gate rows + up rows + down rows) / (3 n_ff) per token, with gate/up dense in
 threshold mode, up selected by |act(gate)| in CATS mode, and gate/up selected by the
 predictor in predictor mode, whose own cost (rank (n_embd + n_ff) MACs) is added as
-the equivalent share of the dense FFN's 3 n_embd n_ff MACs.
+the equivalent share of the dense FFN's 3 n_embd n_ff MACs. Ungated FFNs (Falcon) count
+(up rows + down rows) / (2 n_ff).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from rich.console import Console
 
 from .corpus import Corpus
 from .errors import KairoxError
+from .format import UNGATED_ARCHES
 from .llama import ContextParams, Model
 from .progress import make_progress
 
@@ -149,7 +151,14 @@ def evaluate(setting: EvalSetting, chunks: list[list[int]], *, threads: int | No
                 active = float(np.mean([x.active_fraction for x in st]))
                 pf = [x.predicted_fraction for x in st]
                 predicted = float(np.mean(pf)) if not any(math.isnan(v) for v in pf) else float("nan")
-                if mode == "threshold":
+                if model.metadata.get("general.architecture", "") in UNGATED_ARCHES:
+                    # up and down only (CATS needs a gate)
+                    if mode == "threshold":
+                        work = (1.0 + active) / 2.0
+                    else:
+                        work = (predicted + active) / 2.0 + 1.5 * _pred_overhead(
+                            path, model.n_embd, model.n_ff)
+                elif mode == "threshold":
                     work = (2.0 + active) / 3.0
                 elif mode == "cats":
                     work = (1.0 + predicted + active) / 3.0

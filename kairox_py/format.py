@@ -57,16 +57,28 @@ NAMES: dict[str, str] = {
 MODES = ("predictor", "threshold", "cats")
 
 #: Architectures the converter accepts, mapped to their FFN activation: dense per-layer
-#: FFNs with separate gate/up/down tensors and no biases, built by llama.cpp's build_ffn
-#: with a parallel gate (the only shape the sparse path runs). Others are refused with a
-#: clear error rather than converted into a model the runtime would silently run dense.
+#: FFNs with no biases, built by llama.cpp's build_ffn, either gated (separate gate/up/down,
+#: act(gate)*up) or, for the architectures in UNGATED_ARCHES, up/down only (act(up)): the
+#: two shapes the sparse path runs. Mistral and the ReLU llamas of the papers (ProSparse,
+#: Bamboo, ReluLLaMA) are "llama" GGUFs; ReluFalcon is a "falcon" one. Others are refused
+#: with a clear error rather than converted into a model the runtime would silently run
+#: dense (OPT, for one, is not an architecture llama.cpp runs at all).
 SUPPORTED_ARCHES: dict[str, str] = {
     "llama": "silu",
     "qwen2": "silu",
     "qwen3": "silu",
     "gemma": "gelu",
     "gemma2": "gelu",
+    "falcon": "gelu",
 }
+
+#: Architectures whose FFN has no gate: hidden = act(up x). No CATS mode for them (its
+#: criterion is |act(gate)|).
+UNGATED_ARCHES = frozenset({"falcon"})
+
+#: Architectures whose FFN reads the attention's input norm (attention and FFN in parallel
+#: on one normed input): the profiler records that norm ("attn_norm") as the FFN input.
+PARALLEL_FFN_ARCHES = frozenset({"falcon"})
 
 
 def tensor_name(pattern: str, layer: int, suffix: str = "weight") -> str:
@@ -75,6 +87,11 @@ def tensor_name(pattern: str, layer: int, suffix: str = "weight") -> str:
     kx_perm, kx_perm_inv and kx_group_freq carry no suffix (suffix="")."""
     base = pattern % layer
     return f"{base}.{suffix}" if suffix else base
+
+
+def ffn_input_kind(arch: str) -> str:
+    """The Profiler kind that records an architecture's FFN input (the predictor's input)."""
+    return "attn_norm" if arch in PARALLEL_FFN_ARCHES else "input"
 
 
 def activation_kind(arch: str, override: str | None = None) -> str:

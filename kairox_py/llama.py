@@ -559,9 +559,12 @@ class Profiler:
     """
 
     #: what can be recorded: FFN input (after the norm), hidden act(gate)*up, the residual stream
-    #: entering the FFN, and the layer output (FFN output = output - residual)
+    #: entering the FFN, the layer output (FFN output = output - residual), and the attention's
+    #: input norm (the FFN input of parallel-FFN architectures such as Falcon, which have no
+    #: FFN norm)
     KINDS = {"input": _lib.KAIROX_PROFILE_FFN_INPUT, "hidden": _lib.KAIROX_PROFILE_FFN_HIDDEN,
-             "residual": _lib.KAIROX_PROFILE_RESIDUAL, "output": _lib.KAIROX_PROFILE_LAYER_OUT}
+             "residual": _lib.KAIROX_PROFILE_RESIDUAL, "output": _lib.KAIROX_PROFILE_LAYER_OUT,
+             "attn_norm": _lib.KAIROX_PROFILE_ATTN_NORM}
 
     def __init__(self, model: Model, max_tokens: int,
                  kinds: Sequence[str] = ("input", "hidden")) -> None:

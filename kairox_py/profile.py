@@ -32,7 +32,7 @@ from rich.console import Console
 
 from .corpus import Corpus
 from .errors import KairoxError
-from .format import SUPPORTED_ARCHES, activation_kind
+from .format import SUPPORTED_ARCHES, activation_kind, ffn_input_kind
 from .llama import ContextParams, Model, Profiler
 from .outputs import check_output_dir
 from .progress import make_progress
@@ -232,7 +232,8 @@ def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str
 def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: np.ndarray,
              total: int, ctx: int, threads: int | None, console: Console | None) -> None:
     n_layer = model.n_layer
-    with Profiler(model, ctx) as prof, \
+    input_kind = ffn_input_kind(model.metadata.get("general.architecture", ""))
+    with Profiler(model, ctx, kinds=(input_kind, "hidden")) as prof, \
             model.session(ContextParams(n_ctx=ctx, n_batch=ctx, mode="dense", profiler=prof,
                                         n_threads=threads)) as s, \
             make_progress(console) as bar:
@@ -246,7 +247,7 @@ def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: 
             prof.clear()
             s.decode(chunk, all_logits=True)  # all outputs: the last layer keeps every token
             for layer in range(n_layer):
-                x = prof.get("input", layer)
+                x = prof.get(input_kind, layer)
                 h = prof.get("hidden", layer)
                 if x is None or h is None or len(x) < take or len(h) < take:
                     raise KairoxError(f"the profiler recorded nothing for layer {layer}: this "

@@ -121,12 +121,18 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
 
 def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = LlamaShape(),
                           wtype: str = "q4_0", sparse: SparseSpec | None = None,
-                          seed: int = 0, group_size: int = 0) -> Path:
+                          seed: int = 0, group_size: int = 0, arch: str = "llama",
+                          activation: str | None = None) -> Path:
     """Write a random-weight llama GGUF (with Kairox data when `sparse` is given), atomically.
 
     group_size > 0 also declares neuron groups of that size (no profiled frequencies), which
-    the hybrid runtime needs; the benchmark files do without.
+    the hybrid runtime needs; the benchmark files do without. arch "falcon" writes the same
+    shapes as a Falcon model instead (layer norms with biases, fused QKV, attention and an
+    ungated GELU FFN in parallel on one norm): the converter's other FFN shape. activation
+    ("relu", ...) writes kairox.activation, as a ReLU-fied llama's GGUF carries it.
     """
+    if arch not in ("llama", "falcon"):
+        raise KairoxError(f"synthetic models are llama or falcon, not {arch!r}")
     if wtype not in ("q4_0", "q8_0", "f16"):
         raise KairoxError("synthetic weights must be q4_0, q8_0 or f16")
     qt = _TYPES[wtype]
@@ -155,19 +161,30 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         tensors.append((name, arr.shape[0] if arr.ndim == 2 else 1, arr.shape[-1], t,
                         lambda: np.atleast_2d(arr).view(np.uint8)))
 
+    def zeros(name: str, n: int) -> None:
+        tensors.append((name, 1, n, QT.F32, lambda: np.zeros((1, n), np.float32).view(np.uint8)))
+
+    falcon = arch == "falcon"
     mat("token_embd.weight", shape.n_vocab, e, qt, 1.0)
     ones("output_norm.weight", e)
+    if falcon:
+        zeros("output_norm.bias", e)
     mat("output.weight", shape.n_vocab, e, qt, 1.0 / math.sqrt(e))
     pred_qt = _TYPES[sparse.pred_type] if sparse else qt
     for i in range(L):
         p = f"blk.{i}."
         ones(p + "attn_norm.weight", e)
-        mat(p + "attn_q.weight", e, e, qt, 1.0 / math.sqrt(e))
-        mat(p + "attn_k.weight", kv, e, qt, 1.0 / math.sqrt(e))
-        mat(p + "attn_v.weight", kv, e, qt, 1.0 / math.sqrt(e))
+        if falcon:
+            zeros(p + "attn_norm.bias", e)
+            mat(p + "attn_qkv.weight", e + 2 * kv, e, qt, 1.0 / math.sqrt(e))
+        else:
+            mat(p + "attn_q.weight", e, e, qt, 1.0 / math.sqrt(e))
+            mat(p + "attn_k.weight", kv, e, qt, 1.0 / math.sqrt(e))
+            mat(p + "attn_v.weight", kv, e, qt, 1.0 / math.sqrt(e))
         mat(p + "attn_output.weight", e, e, qt, 0.5 / math.sqrt(e))
-        ones(p + "ffn_norm.weight", e)
-        mat(p + "ffn_gate.weight", f, e, qt, 1.0 / math.sqrt(e))
+        if not falcon:
+            ones(p + "ffn_norm.weight", e)
+            mat(p + "ffn_gate.weight", f, e, qt, 1.0 / math.sqrt(e))
         mat(p + "ffn_up.weight", f, e, qt, 1.0 / math.sqrt(e))
         mat(p + "ffn_down.weight", e, f, qt, 0.5 / math.sqrt(f))
         if sparse is None:
@@ -189,7 +206,7 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
 
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     try:
-        w = GGUFWriter(tmp, "llama")
+        w = GGUFWriter(tmp, arch)
         w.add_name(f"kairox-synthetic-{wtype}")
         w.add_context_length(shape.n_ctx)
         w.add_embedding_length(e)
@@ -198,7 +215,10 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         w.add_head_count(shape.n_head)
         w.add_head_count_kv(shape.n_head_kv)
         w.add_rope_dimension_count(head_dim)
-        w.add_layer_norm_rms_eps(1e-5)
+        if falcon:
+            w.add_layer_norm_eps(1e-5)
+        else:
+            w.add_layer_norm_rms_eps(1e-5)
         w.add_file_type({"q4_0": 2, "q8_0": 7, "f16": 1}[wtype])
         w.add_vocab_size(shape.n_vocab)
         tokens, scores, types = _vocab(shape.n_vocab)
@@ -209,6 +229,8 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
         w.add_unk_token_id(0)
+        if activation is not None:
+            w.add_string(fmt.KEY_ACTIVATION, activation)
         if sparse is not None:
             w.add_uint32(fmt.KEY_FORMAT_VERSION, fmt.FORMAT_VERSION)
             w.add_string(fmt.KEY_MODE, "predictor")

@@ -157,7 +157,7 @@ def model_costs(path: Path, n_layer: int, n_ff: int, down_t_row_bytes: int,
     gate = nbytes("blk.0.ffn_gate.weight") // n_ff
     up = nbytes("blk.0.ffn_up.weight") // n_ff
     down = down_t_row_bytes or nbytes("blk.0.ffn_down.weight") // n_ff
-    attn = [sum(nbytes(f"blk.{il}.{n}.weight") for n in ("attn_q", "attn_k", "attn_v", "attn_output"))
+    attn = [sum(nbytes(f"blk.{il}.{n}.weight") for n in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output"))
             for il in range(n_layer)]
     out = nbytes("output.weight") or nbytes("token_embd.weight")
     def tname(name: str) -> str:
@@ -421,7 +421,8 @@ def _generate(model: Model, prompt: list[int], n_steps: int, opts: TraceOptions,
     inputs = np.empty((n_steps, n_layer, model.n_embd), np.float32)
     hidden = np.empty((n_steps, n_layer, model.n_ff), np.float32)
     toks = np.empty(n_steps, np.int32)
-    with Profiler(model, max(len(prompt), 1)) as prof, \
+    input_kind = fmt.ffn_input_kind(model.metadata.get("general.architecture", ""))
+    with Profiler(model, max(len(prompt), 1), kinds=(input_kind, "hidden")) as prof, \
             model.session(ContextParams(n_ctx=n_ctx, n_batch=max(len(prompt), 8), mode="dense",
                                         profiler=prof, n_threads=opts.threads)) as s:
         s.decode(prompt)
@@ -431,7 +432,7 @@ def _generate(model: Model, prompt: list[int], n_steps: int, opts: TraceOptions,
             s.decode([tok])
             toks[t] = tok
             for il in range(n_layer):
-                x, h = prof.get("input", il), prof.get("hidden", il)
+                x, h = prof.get(input_kind, il), prof.get("hidden", il)
                 if x is None or h is None:
                     raise KairoxError(f"the profiler recorded nothing for layer {il}: this "
                                       f"architecture's FFN is not visible to it")

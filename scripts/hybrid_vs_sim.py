@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kairox_py.balancer import POLICIES as BALANCER_POLICIES  # noqa: E402
 from kairox_py.balancer import BalancerConfig  # noqa: E402
 from kairox_py.errors import KairoxError  # noqa: E402
+from kairox_py.format import ffn_input_kind  # noqa: E402
 from kairox_py.hybrid import POLICIES  # noqa: E402
 from kairox_py.llama import ContextParams, Model, Profiler  # noqa: E402
 from kairox_py.progress import make_progress  # noqa: E402
@@ -75,10 +76,11 @@ def _run(model: Model, prompt: list[int], steps: int, budget_gib: float, policy:
     n_ctx = len(prompt) + steps + 8
     inputs: list[np.ndarray] = []
     toks: list[int] = []
-    with Profiler(model, max(len(prompt), 1), kinds=("input",)) as prof, \
+    kind = ffn_input_kind(model.metadata.get("general.architecture", ""))
+    with Profiler(model, max(len(prompt), 1), kinds=(kind,)) as prof, \
             _session(model, n_ctx, max(len(prompt), 8), budget_gib, policy, prof, threads) as s:
         s.decode(prompt)
-        inputs.append([prof.get("input", il) for il in range(L)])
+        inputs.append([prof.get(kind, il) for il in range(L)])
         if budget_gib > 0:
             s.reset_hybrid_stats()  # the prefill step is excluded from the comparison
         for t in range(steps):
@@ -89,7 +91,7 @@ def _run(model: Model, prompt: list[int], steps: int, budget_gib: float, policy:
             toks.append(tok)
             prof.clear()
             s.decode([tok])
-            inputs.append([prof.get("input", il) for il in range(L)])
+            inputs.append([prof.get(kind, il) for il in range(L)])
         stats = s.hybrid_stats() if budget_gib > 0 else None
         info = s.hybrid_info() if budget_gib > 0 else None
     return toks, inputs, stats, info

@@ -1,0 +1,94 @@
+"""ReLU-fied llamas (ProSparse, Bamboo, ReluLLaMA in the papers): a llama GGUF cannot say
+"relu", so the model carries kairox.activation = "relu", which every path honours: the dense
+graph (prefill, --dense, the profile) as well as the sparse one. A small random-weight llama
+is written with that key (kairox_py.synthetic), profiled, converted and run.
+
+ReLU is where activation sparsity is exact: a neuron whose gate is <= 0 contributes nothing,
+so the sparse path at threshold 0 skips about half the neurons and still reproduces dense.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import PIPELINE_OPTS
+
+from kairox_py import ContextParams, Model
+from kairox_py.convert import ConvertResult, convert, open_input
+from kairox_py.corpus import default_corpus
+from kairox_py.profile import Profile, run_profile
+from kairox_py.quant import dequantize
+from kairox_py.synthetic import LlamaShape, write_synthetic_llama
+
+SHAPE = LlamaShape(n_embd=256, n_ff=1024, n_layer=4, n_head=4, n_head_kv=4, n_vocab=512, n_ctx=512)
+N_TOK = 48
+OPTS = replace(PIPELINE_OPTS, tokens=768, group_size=32, ctx=256, predictor=False, down_type="f32")
+
+
+@pytest.fixture(scope="module")
+def relu_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_synthetic_llama(tmp_path_factory.mktemp("relu") / "relu.gguf", SHAPE, wtype="f16",
+                                 activation="relu", seed=5)
+
+
+@pytest.fixture(scope="module")
+def relu_profile(relu_llama: Path) -> Profile:
+    return run_profile(relu_llama, default_corpus("profile"), relu_llama.parent / "profile",
+                       n_tokens=OPTS.tokens, ctx=OPTS.ctx, threads=2)
+
+
+@pytest.fixture(scope="module")
+def relu_kx(relu_llama: Path, relu_profile: Profile) -> ConvertResult:
+    return convert(relu_llama, relu_llama.parent / "relu-kx.gguf", default_corpus("profile"), OPTS,
+                   profile_dir=relu_profile.dir)
+
+
+@pytest.fixture(scope="module")
+def tokens(relu_llama: Path) -> list[int]:
+    with Model(relu_llama, vocab_only=True) as m:
+        toks = m.tokenize("Stones from the river were carried up the hill to build the old bridge.")
+    return (toks * 4)[:N_TOK]
+
+
+def _logits(path: Path, toks: list[int], **kw: object) -> np.ndarray:
+    with Model(path) as m, m.session(ContextParams(n_ctx=256, n_batch=N_TOK, max_sparse_tokens=N_TOK,
+                                                   n_threads=2, **kw)) as s:
+        out = s.decode(toks, all_logits=True)
+        assert out is not None
+        return out
+
+
+def test_dense_path_runs_relu(relu_llama: Path, relu_profile: Profile) -> None:
+    """The profile (dense graph) records relu(gate x) * (up x), exact zeros included: SiLU
+    would leave none."""
+    assert relu_profile.meta.activation == "relu"
+    inp = open_input(relu_llama)
+    w = {k: dequantize(inp.tensors[f"blk.2.ffn_{k}.weight"].data, inp.tensors[f"blk.2.ffn_{k}.weight"].tensor_type)
+         for k in ("gate", "up")}
+    x = np.asarray(relu_profile.inputs[2, :64], np.float32)
+    ref = np.maximum(x @ w["gate"].T, 0.0) * (x @ w["up"].T)
+    got = np.asarray(relu_profile.hidden[2, :64], np.float32)
+    assert 0.3 < float(np.mean(got == 0)) < 0.7
+    assert np.corrcoef(ref.ravel(), got.ravel())[0, 1] > 0.999
+    assert np.all(got[ref == 0] == 0)
+
+
+def test_sparse_at_threshold_zero_is_dense(relu_llama: Path, relu_kx: ConvertResult, tokens: list[int]) -> None:
+    """Thresholds 0 (ReLU): only the neurons with a nonzero activation are computed, about
+    half, and the logits are dense's to rounding; the Kairox GGUF's own dense mode (the
+    prefill path) is the original model's."""
+    assert np.all(relu_kx.thresholds == 0)
+    dense = _logits(relu_llama, tokens, mode="dense")
+    kx_dense = _logits(relu_kx.output, tokens, mode="dense")
+    with Model(relu_kx.output) as m, m.session(ContextParams(n_ctx=256, n_batch=N_TOK, max_sparse_tokens=N_TOK,
+                                                             n_threads=2, mode="threshold", stats=True)) as s:
+        sparse = s.decode(tokens, all_logits=True)
+        assert sparse is not None
+        active = [st.active_fraction for st in s.layer_stats()]
+    assert all(0.3 < a < 0.7 for a in active), active
+    for got in (kx_dense, sparse):
+        err = float(np.sum((got - dense) ** 2) / np.sum(dense ** 2))
+        assert err < 1e-5, err
+        assert (got.argmax(-1) == dense.argmax(-1)).mean() >= 0.95
