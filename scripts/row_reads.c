@@ -21,7 +21,10 @@
 // way and against the fastest "all" of any way (a dense kernel streams with the hardware
 // prefetchers alone): "ahead" (the default above), "hw" (no software prefetch), "gaps" (hardware
 // prefetchers, and the skipped rows' lines requested too, so that the stream has no holes),
-// "after-gap" (hardware prefetchers, and only the rows that follow a gap requested, 4 rows ahead).
+// "after-gap" (hardware prefetchers, and only the rows that follow a gap requested, 4 rows ahead),
+// "ahead32" (as "ahead", 32 rows ahead), "nta" (as "ahead", prefetchnta), "hw4" (no software
+// prefetch, each thread's rows read as 4 interleaved streams, so that one stream's stall at a
+// gap overlaps the others' reads).
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <pthread.h>
@@ -33,8 +36,8 @@
 #include <time.h>
 
 enum { NTH = 2, PER_CALL = 32, MASKS = 16, AHEAD = 16, REPS = 120 };
-enum way { WAY_AHEAD, WAY_HW, WAY_GAPS, WAY_AFTER_GAP, N_WAYS };
-static const char * const way_names[N_WAYS] = { "ahead", "hw", "gaps", "after-gap" };
+enum way { WAY_AHEAD, WAY_HW, WAY_GAPS, WAY_AFTER_GAP, WAY_AHEAD32, WAY_NTA, WAY_HW4, N_WAYS };
+static const char * const way_names[N_WAYS] = { "ahead", "hw", "gaps", "after-gap", "ahead32", "nta", "hw4" };
 
 typedef struct {
     const char * buf;
@@ -62,7 +65,13 @@ static void prefetch_rows(const char * base, int r0, int r1) {
     for (int r = r0; r < r1; ++r) {
         const char * q = base + (size_t) r * S.rb;
         for (size_t o = 0; o < S.rb + 63; o += 64) {
-            if (S.way == WAY_GAPS) { _mm_prefetch(q + o, _MM_HINT_T0); } else { _mm_prefetch(q + o, _MM_HINT_T1); }
+            if (S.way == WAY_GAPS) {
+                _mm_prefetch(q + o, _MM_HINT_T0);
+            } else if (S.way == WAY_NTA) {
+                _mm_prefetch(q + o, _MM_HINT_NTA);
+            } else {
+                _mm_prefetch(q + o, _MM_HINT_T1);
+            }
         }
     }
 }
@@ -74,9 +83,29 @@ static void read_share(int th) {
         const int m = (S.mask0 + c) % MASKS;
         const int * L = S.list[m];
         const int n = S.nlist[m], i0 = n * th / NTH, i1 = n * (th + 1) / NTH;
+        if (S.way == WAY_HW4) {
+            const int len = (i1 - i0 + 3) / 4;
+            for (int k = 0; k < len; ++k) {
+                for (int st = 0; st < 4; ++st) {
+                    const int i = i0 + st * len + k;
+                    if (i >= i1) { continue; }
+                    const char * r = base + (size_t) L[i] * S.rb;
+                    size_t o = 0;
+                    for (; o + 32 <= S.rb; o += 32) {
+                        acc = _mm256_add_epi8(acc, _mm256_loadu_si256((const __m256i *) (r + o)));
+                    }
+                    for (; o < S.rb; ++o) {
+                        acc = _mm256_add_epi8(acc, _mm256_set1_epi8(r[o]));
+                    }
+                }
+            }
+            continue;
+        }
         for (int i = i0; i < i1; ++i) {
-            if (S.way == WAY_AHEAD && i + AHEAD < i1) {
+            if ((S.way == WAY_AHEAD || S.way == WAY_NTA) && i + AHEAD < i1) {
                 prefetch_rows(base, L[i + AHEAD], L[i + AHEAD] + 1);
+            } else if (S.way == WAY_AHEAD32 && i + 32 < i1) {
+                prefetch_rows(base, L[i + 32], L[i + 32] + 1);
             } else if (S.way == WAY_GAPS && i + 1 < i1) {
                 prefetch_rows(base, L[i] + 1, L[i + 1]);
             } else if (S.way == WAY_AFTER_GAP && i + 4 < i1 && L[i + 4] != L[i + 3] + 1) {
