@@ -241,6 +241,8 @@ class llama_perf_sampler_data(Structure):
 KAIROX_MODE_AUTO, KAIROX_MODE_DENSE, KAIROX_MODE_PREDICTOR, KAIROX_MODE_THRESHOLD, KAIROX_MODE_CATS = range(5)
 KAIROX_MODES = {"auto": KAIROX_MODE_AUTO, "dense": KAIROX_MODE_DENSE, "predictor": KAIROX_MODE_PREDICTOR,
                 "threshold": KAIROX_MODE_THRESHOLD, "cats": KAIROX_MODE_CATS}
+# enum kairox_activation
+KAIROX_ACTIVATIONS = {"model": 0, "relu": 1, "silu": 2, "gelu": 3}
 # enum kairox_profile_kind
 (KAIROX_PROFILE_FFN_INPUT, KAIROX_PROFILE_FFN_HIDDEN, KAIROX_PROFILE_RESIDUAL, KAIROX_PROFILE_LAYER_OUT,
  KAIROX_PROFILE_ATTN_NORM) = range(5)
@@ -264,6 +266,8 @@ class kairox_params(Structure):
         ("down_dense_share", c_float),  # active share above which down reads ffn_down in order; < 0: model/built-in
         # version 4
         ("vram_reserve_gib", c_float),  # auto budget: device memory left free besides KV cache and compute
+        # version 5
+        ("activation", c_int32),  # enum kairox_activation: the FFN activation on every path; 0: the model's
     ]
 
 

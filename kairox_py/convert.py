@@ -101,6 +101,9 @@ class ConvertOptions:
     # this many tokens (set when the user gave --corpus / --tokens explicitly)
     profile_match_corpus: bool = False
     profile_match_tokens: bool = False
+    # the FFN activation: "model" (the GGUF's kairox.activation, else the architecture's) or
+    # an override ("relu" for a ReLU-fied llama), profiled with and written as kairox.activation
+    activation: str = "model"
 
 
 @dataclass
@@ -191,6 +194,8 @@ def check_options(opts: ConvertOptions, inp: InputModel) -> None:
         raise KairoxError(f"--self-text must be >= 0, got {opts.self_text}")
     if not (opts.pred_down_scale >= 0.0 and math.isfinite(opts.pred_down_scale)):
         raise KairoxError(f"--pred-down-scale must be finite and >= 0, got {opts.pred_down_scale}")
+    if opts.activation not in ("model", "relu", "silu", "gelu"):
+        raise KairoxError(f"--activation must be model, relu, silu or gelu, got {opts.activation!r}")
     if opts.mode == "cats" and inp.arch in fmt.UNGATED_ARCHES:
         raise KairoxError(f"--mode cats needs a gated FFN (|act(gate)|); {inp.arch} has none: "
                           f"use --mode predictor or threshold")
@@ -456,15 +461,17 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     if n_self and not (profile_dir and Path(profile_dir).exists()):
         t = time.monotonic()
         corpus = with_self_text(corpus, in_p, n_self, threads=opts.threads, console=console,
-                                model_sha256=model_sha)
+                                model_sha256=model_sha, activation=opts.activation)
         seconds["self-text"] = time.monotonic() - t
     t = time.monotonic()
-    pdir = Path(profile_dir) if model_sha is None else default_profile_dir(model_sha, corpus, opts.tokens, opts.ctx)
+    pdir = (Path(profile_dir) if model_sha is None
+            else default_profile_dir(model_sha, corpus, opts.tokens, opts.ctx, opts.activation))
     pdir.parent.mkdir(parents=True, exist_ok=True)
     prof, reused = open_or_run_profile(in_p, corpus, pdir, n_tokens=opts.tokens, ctx=opts.ctx,
                                        threads=opts.threads, console=console,
                                        match_corpus=opts.profile_match_corpus,
-                                       match_tokens=opts.profile_match_tokens)
+                                       match_tokens=opts.profile_match_tokens,
+                                       activation=opts.activation)
     if (prof.meta.n_layer, prof.meta.n_embd, prof.meta.n_ff) != (inp.n_layer, inp.n_embd, inp.n_ff):
         raise KairoxError(f"profile {pdir} does not match the model's dimensions")
     seconds["profile"] = time.monotonic() - t
@@ -511,9 +518,11 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     seconds["grouping"] = time.monotonic() - t
 
     t = time.monotonic()
-    kv = kairox_metadata(opts, n_layer, thr, cats, predictors, None)
+    override = None if opts.activation == "model" else opts.activation
+    kv = kairox_metadata(opts, n_layer, thr, cats, predictors, override)
     plan = plan_tensors(inp, opts, groupings, predictors)
-    size = write_gguf(inp.reader, inp.arch, out_p, kv, plan, console)
+    size = write_gguf(inp.reader, inp.arch, out_p, kv, plan, console,
+                      frozenset({fmt.KEY_ACTIVATION}) if override else frozenset())
     seconds["write"] = time.monotonic() - t
     seconds["total"] = time.monotonic() - t0
     return ConvertResult(out_p, pdir, reused, thr, cats, predictors, groupings, seconds,

@@ -414,6 +414,10 @@ class ContextParams:
     #: (0: always, >= 1: never); < 0: the model's kairox.down_dense_share (kairox calibrate),
     #: else the library's built-in crossover per weight type
     down_dense_share: float = -1.0
+    #: the FFN activation on every path, dense included: "model" (its kairox.activation, else
+    #: its architecture's), or "relu" / "silu" / "gelu" (a ReLU-fied llama's GGUF cannot say
+    #: "relu": its profile before conversion runs with "relu")
+    activation: str = "model"
     #: record FFN inputs/hidden activations of every decode (kairox profile)
     profiler: Profiler | None = field(default=None, compare=False)
 
@@ -442,6 +446,9 @@ class ContextParams:
             raise KairoxError(f"lambda_init must be in [0, 1), got {self.lambda_init}")
         if not math.isfinite(self.down_dense_share):
             raise KairoxError(f"down_dense_share must be finite, got {self.down_dense_share}")
+        if self.activation not in _lib.KAIROX_ACTIVATIONS:
+            raise KairoxError(f"activation must be one of {', '.join(_lib.KAIROX_ACTIVATIONS)}, "
+                              f"got {self.activation!r}")
 
 
 @dataclass(frozen=True)
@@ -523,6 +530,7 @@ def _create_context(model: Model, params: ContextParams) -> int:
     kp.lambda_init = params.lambda_init
     kp.deterministic = params.deterministic
     kp.down_dense_share = params.down_dense_share
+    kp.activation = _lib.KAIROX_ACTIVATIONS[params.activation]
     lib.log.take_errors()
     ctx = lib.kairox_init_from_model(model.ptr, cp, ctypes.byref(kp))
     if not ctx:

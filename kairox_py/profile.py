@@ -186,9 +186,11 @@ def pick_chunks(chunks: list[list[int]], n_tokens: int) -> list[list[int]]:
 
 def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str | os.PathLike[str],
                 *, n_tokens: int = DEFAULT_TOKENS, ctx: int = DEFAULT_CTX,
-                threads: int | None = None, console: Console | None = None) -> Profile:
+                threads: int | None = None, console: Console | None = None,
+                activation: str = "model") -> Profile:
     """Profile the model on `corpus` into out_dir (written to a temporary sibling and
-    renamed at the end, so an interrupted run never leaves a half profile)."""
+    renamed at the end, so an interrupted run never leaves a half profile). activation
+    other than "model" runs the FFN with it (a ReLU-fied llama, whose GGUF cannot say so)."""
     if n_tokens < 1:
         raise KairoxError("--tokens must be at least 1")
     out = check_output_dir(out_dir, PROFILE_FILES, "profile")
@@ -207,14 +209,15 @@ def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str
                                                shape=(n_layer, total, n_embd))
             hidden = np.lib.format.open_memmap(tmp / "hidden.npy", mode="w+", dtype=np.float16,
                                                shape=(n_layer, total, n_ff))
-            _capture(model, chunks, inputs, hidden, total, ctx, threads, console)
+            _capture(model, chunks, inputs, hidden, total, ctx, threads, console, activation)
             inputs.flush()
             hidden.flush()
             del inputs, hidden
             meta = ProfileMeta(
                 version=PROFILE_VERSION, model_path=str(model_path.resolve()),
                 model_sha256=file_sha256(model_path), arch=arch,
-                activation=activation_kind(arch, model.metadata.get("kairox.activation")),
+                activation=activation_kind(arch, activation if activation != "model"
+                                           else model.metadata.get("kairox.activation")),
                 n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_tokens=total, ctx=ctx,
                 corpus=corpus.description,
                 corpus_sha256=hashlib.sha256(corpus.text.encode()).hexdigest(),
@@ -230,12 +233,13 @@ def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str
 
 
 def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: np.ndarray,
-             total: int, ctx: int, threads: int | None, console: Console | None) -> None:
+             total: int, ctx: int, threads: int | None, console: Console | None,
+             activation: str = "model") -> None:
     n_layer = model.n_layer
     input_kind = ffn_input_kind(model.metadata.get("general.architecture", ""))
     with Profiler(model, ctx, kinds=(input_kind, "hidden")) as prof, \
             model.session(ContextParams(n_ctx=ctx, n_batch=ctx, mode="dense", profiler=prof,
-                                        n_threads=threads)) as s, \
+                                        n_threads=threads, activation=activation)) as s, \
             make_progress(console) as bar:
         task = bar.add_task("profiling", total=total)
         pos = 0
@@ -258,19 +262,22 @@ def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: 
             bar.update(task, completed=pos)
 
 
-def default_profile_dir(model_sha256: str, corpus: Corpus, n_tokens: int, ctx: int) -> Path:
+def default_profile_dir(model_sha256: str, corpus: Corpus, n_tokens: int, ctx: int,
+                        activation: str = "model") -> Path:
     """Where `kairox convert` keeps a profile it made itself: the cache, keyed by model,
-    corpus and sample size, so converting again at other settings reuses it."""
+    corpus, sample size (and an activation override), so converting again at other settings
+    reuses it."""
     from .default_model import cache_dir
 
     corpus_sha = hashlib.sha256(corpus.text.encode()).hexdigest()
-    return cache_dir() / "profiles" / f"{model_sha256[:16]}-{corpus_sha[:8]}-{n_tokens}-{ctx}"
+    act = "" if activation == "model" else f"-{activation}"
+    return cache_dir() / "profiles" / f"{model_sha256[:16]}-{corpus_sha[:8]}-{n_tokens}-{ctx}{act}"
 
 
 def open_or_run_profile(model_path: Path, corpus: Corpus, directory: Path, *, n_tokens: int,
                         ctx: int = DEFAULT_CTX, threads: int | None = None,
                         console: Console | None = None, match_corpus: bool = False,
-                        match_tokens: bool = False) -> tuple[Profile, bool]:
+                        match_tokens: bool = False, activation: str = "model") -> tuple[Profile, bool]:
     """The profile in `directory` if there is one (it must come from this model file, and with
     match_corpus / match_tokens from this corpus / token count: a user who names a corpus must
     not get a profile of another one without a word), else a new one profiled into it.
@@ -289,6 +296,9 @@ def open_or_run_profile(model_path: Path, corpus: Corpus, directory: Path, *, n_
         if match_tokens and requested != n_tokens:
             raise KairoxError(f"profile {directory} holds {m.n_tokens} tokens (--tokens {requested}), not "
                               f"--tokens {n_tokens}; {again}")
+        if activation != "model" and m.activation != activation:
+            raise KairoxError(f"profile {directory} was made with the {m.activation} activation, not "
+                              f"--activation {activation}; {again}")
         return prof, True
     return run_profile(model_path, corpus, directory, n_tokens=n_tokens, ctx=ctx,
-                       threads=threads, console=console), False
+                       threads=threads, console=console, activation=activation), False

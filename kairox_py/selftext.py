@@ -42,7 +42,8 @@ def _cache_path(model_sha256: str, prompts: list[tuple[str, bool]], n_tokens: in
 
 def generate_self_text(model_path: str | os.PathLike[str], n_tokens: int, *, threads: int | None = None,
                        seed: int = 0, prompts: list[tuple[str, bool]] | None = None,
-                       console: Console | None = None, model_sha256: str | None = None) -> Corpus:
+                       console: Console | None = None, model_sha256: str | None = None,
+                       activation: str = "model") -> Corpus:
     """About n_tokens of the model's sampled continuations of the prompt set (each prompt's
     text followed by its answer), from the cache when this model, prompt set, size and seed
     were generated before. model_sha256: the file's hash if the caller has it (hashing a
@@ -51,14 +52,16 @@ def generate_self_text(model_path: str | os.PathLike[str], n_tokens: int, *, thr
         raise KairoxError("--self-text must be at least 1 token")
     model_path = Path(model_path)
     prompts = prompts or load_selftext_prompts()
-    cached = _cache_path(model_sha256 or file_sha256(model_path), prompts, n_tokens, seed)
+    key = model_sha256 or file_sha256(model_path)
+    cached = _cache_path(key if activation == "model" else f"{key}-{activation}", prompts, n_tokens, seed)
     if cached.is_file():
         text = cached.read_text(encoding="utf-8")
         return Corpus(text, f"self-text: {n_tokens} tokens sampled from the model (cached, {len(text)} chars)")
     per = min(MAX_PER_PROMPT, max(16, -(-n_tokens // len(prompts))))
     parts: list[str] = []
     done = 0
-    with Model(model_path) as m, m.session(ContextParams(n_ctx=512, n_threads=threads, mode="dense")) as s, \
+    with Model(model_path) as m, \
+            m.session(ContextParams(n_ctx=512, n_threads=threads, mode="dense", activation=activation)) as s, \
             make_progress(console) as bar:
         task = bar.add_task("self-text", total=n_tokens)
         i = generated = 0
@@ -99,9 +102,9 @@ def mix_corpora(base: Corpus, extra: Corpus, pieces: int = 16) -> Corpus:
 
 def with_self_text(corpus: Corpus, model_path: str | os.PathLike[str], n_tokens: int, *,
                    threads: int | None = None, console: Console | None = None,
-                   model_sha256: str | None = None) -> Corpus:
+                   model_sha256: str | None = None, activation: str = "model") -> Corpus:
     """`corpus` half and half with n_tokens of the model's self-text (the corpus as it is for 0)."""
     if not n_tokens:
         return corpus
     return mix_corpora(corpus, generate_self_text(model_path, n_tokens, threads=threads, console=console,
-                                                  model_sha256=model_sha256))
+                                                  model_sha256=model_sha256, activation=activation))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import PIPELINE_OPTS
 
-from kairox_py import ContextParams, Model
+from kairox_py import ContextParams, KairoxError, Model
 from kairox_py.convert import ConvertResult, convert, open_input
 from kairox_py.corpus import default_corpus
 from kairox_py.profile import Profile, run_profile
@@ -92,3 +92,26 @@ def test_sparse_at_threshold_zero_is_dense(relu_llama: Path, relu_kx: ConvertRes
         err = float(np.sum((got - dense) ** 2) / np.sum(dense ** 2))
         assert err < 1e-5, err
         assert (got.argmax(-1) == dense.argmax(-1)).mean() >= 0.95
+
+
+def test_convert_with_activation_override(tmp_path: Path, tokens: list[int]) -> None:
+    """A llama GGUF without the key, converted with --activation relu: the profile runs ReLU,
+    the output carries kairox.activation = relu, and its sparse decode is the original's dense
+    decode run with the override (and not the original's SiLU)."""
+    from gguf import GGUFReader
+
+    from kairox_py import format as fmt
+
+    plain = write_synthetic_llama(tmp_path / "plain.gguf", SHAPE, wtype="f16", seed=5)
+    res = convert(plain, tmp_path / "plain-kx.gguf", default_corpus("profile"), replace(OPTS, activation="relu"),
+                  profile_dir=tmp_path / "profile")
+    assert np.all(res.thresholds == 0)
+    field = GGUFReader(res.output).get_field(fmt.KEY_ACTIVATION)
+    assert field is not None and field.contents() == "relu"
+    relu = _logits(plain, tokens, mode="dense", activation="relu")
+    silu = _logits(plain, tokens, mode="dense")
+    sparse = _logits(res.output, tokens, mode="threshold")
+    assert float(np.sum((sparse - relu) ** 2) / np.sum(relu ** 2)) < 1e-5
+    assert float(np.sum((silu - relu) ** 2) / np.sum(relu ** 2)) > 1e-3
+    with pytest.raises(KairoxError, match="activation"):
+        ContextParams(activation="tanh").validate()

@@ -62,6 +62,11 @@ def _given(param: str) -> bool:
               default=DEFAULT_DOWN_TYPE, show_default=True, help="ggml type of ffn_down_t.")
 @click.option("--mode", type=click.Choice(MODES), default=DEFAULT_MODE, show_default=True,
               help="The model's default sparse mode (kairox.mode).")
+@click.option("--activation", type=click.Choice(["model", "relu", "silu", "gelu"]), default="model",
+              show_default=True,
+              help="The FFN activation: model (its kairox.activation, else its architecture's) or an "
+                   "override, profiled with and written as kairox.activation (relu: a ReLU-fied llama, "
+                   "ProSparse/Bamboo/ReluLLaMA, whose GGUF says llama).")
 @click.option("--no-predictor", is_flag=True, help="Do not train predictors.")
 @click.option("--no-reorder", is_flag=True, help="Keep the original neuron order.")
 @click.option("--epochs", type=click.IntRange(min=1), default=TrainConfig.epochs,
@@ -87,7 +92,7 @@ def _given(param: str) -> bool:
                    "calibrate; seconds on small models, a few minutes on 7B).")
 def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: tuple[str, ...],
             tokens: int, sparsity: float, recall: float, group_size: int, down_type: str,
-            mode: str, no_predictor: bool, no_reorder: bool, epochs: int, pred_type: str,
+            mode: str, activation: str, no_predictor: bool, no_reorder: bool, epochs: int, pred_type: str,
             pred_down_scale: float, self_text: int | None, report_dir: str | None, threads: int | None,
             calibrate: bool) -> None:
     """Convert IN.gguf into a Kairox GGUF at OUT.gguf (written atomically)."""
@@ -98,7 +103,7 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
                           down_type=down_type.lower(), mode=mode, predictor=not no_predictor,
                           pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=not no_reorder,
                           tokens=tokens, threads=threads, train=TrainConfig(recall=recall, epochs=epochs),
-                          self_text=self_text,
+                          self_text=self_text, activation=activation,
                           profile_match_corpus=_given("corpus"), profile_match_tokens=_given("tokens"))
     text = load_corpus(list(corpus), "profile")
     res = run_convert(input_path, output_path, text, opts, profile_dir=profile_dir,

@@ -28,6 +28,10 @@ from .trace import run_trace
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
 @click.option("--sparsity", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.5,
               show_default=True, help="Sparsity for the summary's thresholds.")
+@click.option("--activation", type=click.Choice(["model", "relu", "silu", "gelu"]), default="model",
+              show_default=True,
+              help="The FFN activation to run: model (its kairox.activation, else its architecture's) "
+                   "or an override (relu: a ReLU-fied llama whose GGUF says llama).")
 @click.option("--self-text", "self_text", type=click.IntRange(min=0), default=0, show_default=True,
               help="Also profile this many tokens of the model's own sampled answers to a varied "
                    "prompt set, half and half with the corpus (cached).")
@@ -41,7 +45,7 @@ from .trace import run_trace
 @click.option("--steps", type=click.IntRange(min=2), default=DEFAULT_STEPS, show_default=True,
               help="With --generate: decode steps per prompt.")
 def profile(model: str | None, out_dir: str, corpus: tuple[str, ...], tokens: int, ctx: int,
-            threads: int | None, sparsity: float, self_text: int, generate_dir: str | None, kairox_path: str | None,
+            threads: int | None, sparsity: float, activation: str, self_text: int, generate_dir: str | None, kairox_path: str | None,
             prompts_path: str | None, steps: int) -> None:
     """Run MODEL (default: the default model) on text and record per-layer FFN inputs and
     activations (float16, memory-mapped .npy) plus meta.json in --out; with --generate, also
@@ -52,9 +56,10 @@ def profile(model: str | None, out_dir: str, corpus: tuple[str, ...], tokens: in
         check_output_dir(generate_dir, TRACE_FILES, "trace")
     console = stderr_console()
     path = resolve_model(model, console)
-    text = with_self_text(load_corpus(list(corpus), "profile"), path, self_text, threads=threads, console=console)
+    text = with_self_text(load_corpus(list(corpus), "profile"), path, self_text, threads=threads, console=console,
+                          activation=activation)
     prof = run_profile(path, text, Path(out_dir), n_tokens=tokens, ctx=ctx, threads=threads,
-                       console=console)
+                       console=console, activation=activation)
     thr = prof.thresholds(sparsity)
     table = Table(title=f"kairox profile: {prof.dir}", title_justify="left")
     for c in ("tokens", "layers", "n_embd", "n_ff", "activation", f"threshold@{sparsity} (min/max)",
