@@ -76,6 +76,18 @@ static void prefetch_rows(const char * base, int r0, int r1) {
     }
 }
 
+// every byte of one row, 32-byte loads summed into acc
+static inline __m256i read_row(__m256i acc, const char * r) {
+    size_t o = 0;
+    for (; o + 32 <= S.rb; o += 32) {
+        acc = _mm256_add_epi8(acc, _mm256_loadu_si256((const __m256i *) (r + o)));
+    }
+    for (; o < S.rb; ++o) {
+        acc = _mm256_add_epi8(acc, _mm256_set1_epi8(r[o]));
+    }
+    return acc;
+}
+
 static void read_share(int th) {
     __m256i acc = _mm256_setzero_si256();
     for (int c = 0; c < PER_CALL; ++c) {
@@ -89,14 +101,7 @@ static void read_share(int th) {
                 for (int st = 0; st < 4; ++st) {
                     const int i = i0 + st * len + k;
                     if (i >= i1) { continue; }
-                    const char * r = base + (size_t) L[i] * S.rb;
-                    size_t o = 0;
-                    for (; o + 32 <= S.rb; o += 32) {
-                        acc = _mm256_add_epi8(acc, _mm256_loadu_si256((const __m256i *) (r + o)));
-                    }
-                    for (; o < S.rb; ++o) {
-                        acc = _mm256_add_epi8(acc, _mm256_set1_epi8(r[o]));
-                    }
+                    acc = read_row(acc, base + (size_t) L[i] * S.rb);
                 }
             }
             continue;
@@ -111,14 +116,7 @@ static void read_share(int th) {
             } else if (S.way == WAY_AFTER_GAP && i + 4 < i1 && L[i + 4] != L[i + 3] + 1) {
                 prefetch_rows(base, L[i + 4], L[i + 4] + 1);
             }
-            const char * r = base + (size_t) L[i] * S.rb;
-            size_t o = 0;
-            for (; o + 32 <= S.rb; o += 32) {
-                acc = _mm256_add_epi8(acc, _mm256_loadu_si256((const __m256i *) (r + o)));
-            }
-            for (; o < S.rb; ++o) {
-                acc = _mm256_add_epi8(acc, _mm256_set1_epi8(r[o]));
-            }
+            acc = read_row(acc, base + (size_t) L[i] * S.rb);
         }
     }
     S.sink[th] += _mm256_extract_epi64(acc, 0);

@@ -14,14 +14,16 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import kairox_py
-from kairox_py import Model, _lib, ensure_default_model
+from kairox_py import ContextParams, Model, _lib, ensure_default_model
 from kairox_py.convert import ConvertOptions, ConvertResult, convert
 from kairox_py.corpus import default_corpus
 from kairox_py.predictor import TrainConfig
 from kairox_py.profile import Profile, run_profile
+from kairox_py.synthetic import LlamaShape
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE_PARENT = Path(kairox_py.__file__).resolve().parent.parent
@@ -128,3 +130,28 @@ def profile(pipeline_dir: Path, model_path: Path) -> Profile:
 def converted(pipeline_dir: Path, model_path: Path, profile: Profile) -> ConvertResult:
     return convert(model_path, pipeline_dir / "kx.gguf", default_corpus("profile"), PIPELINE_OPTS,
                    profile_dir=profile.dir)
+
+
+# ---- small random-weight GGUFs of the other FFN shapes (test_falcon.py, test_relu.py) -----
+SMALL_SHAPE = LlamaShape(n_embd=256, n_ff=1024, n_layer=4, n_head=4, n_head_kv=4, n_vocab=512, n_ctx=512)
+SMALL_OPTS = ConvertOptions(sparsity=0.5, recall=PIPELINE_RECALL, group_size=32, mode="threshold",
+                            tokens=768, ctx=256, threads=2,
+                            train=TrainConfig(recall=PIPELINE_RECALL, ranks=(32, 64), epochs=2))
+SMALL_TOKENS = 48  # one decode call of this many tokens, all through the sparse FFN
+
+
+def small_tokens(path: Path, text: str) -> list[int]:
+    """SMALL_TOKENS tokens of `text` (repeated) in the vocabulary of the GGUF at `path`."""
+    with Model(path, vocab_only=True) as m:
+        toks = m.tokenize(text)
+    return (toks * (SMALL_TOKENS // len(toks) + 1))[:SMALL_TOKENS]
+
+
+def all_logits(path: Path, toks: list[int], **kw: object) -> np.ndarray:
+    """The logits of every token of one decode call; in a sparse mode every token goes
+    through the sparse FFN with its own mask (max_sparse_tokens = the call's size)."""
+    with Model(path) as m, m.session(ContextParams(n_ctx=256, n_batch=len(toks), max_sparse_tokens=len(toks),
+                                                   n_threads=2, **kw)) as s:  # type: ignore[arg-type]
+        out = s.decode(toks, all_logits=True)
+        assert out is not None
+        return out

@@ -14,18 +14,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PIPELINE_OPTS
+from conftest import SMALL_OPTS as OPTS
+from conftest import SMALL_SHAPE as SHAPE
+from conftest import all_logits, small_tokens
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py.convert import ConvertResult, convert, open_input
 from kairox_py.corpus import default_corpus
 from kairox_py.profile import Profile, run_profile
 from kairox_py.quant import dequantize
-from kairox_py.synthetic import LlamaShape, write_synthetic_llama
-
-SHAPE = LlamaShape(n_embd=256, n_ff=1024, n_layer=4, n_head=4, n_head_kv=4, n_vocab=512, n_ctx=512)
-N_TOK = 48  # a batch of up to this many tokens goes through the sparse FFN
-OPTS = replace(PIPELINE_OPTS, tokens=768, group_size=32, ctx=256)
+from kairox_py.synthetic import write_synthetic_llama
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +48,7 @@ def falcon_kx(falcon: Path, falcon_profile: Profile) -> ConvertResult:
 
 @pytest.fixture(scope="module")
 def tokens(falcon: Path) -> list[int]:
-    with Model(falcon, vocab_only=True) as m:
-        toks = m.tokenize("The mills by the river employed half of the town, and the bridges were stone.")
-    return (toks * 4)[:N_TOK]
-
-
-def _logits(path: Path, toks: list[int], **kw: object) -> np.ndarray:
-    with Model(path) as m, m.session(ContextParams(n_ctx=256, n_batch=N_TOK, max_sparse_tokens=N_TOK,
-                                                   n_threads=2, **kw)) as s:
-        out = s.decode(toks, all_logits=True)
-        assert out is not None
-        return out
+    return small_tokens(falcon, "The mills by the river employed half of the town, and the bridges were stone.")
 
 
 def test_profile_records_falcon_ffn_input_and_hidden(falcon: Path, falcon_profile: Profile) -> None:
@@ -79,8 +67,8 @@ def test_profile_records_falcon_ffn_input_and_hidden(falcon: Path, falcon_profil
 
 
 def test_every_neuron_active_reproduces_dense(falcon: Path, falcon_kx: ConvertResult, tokens: list[int]) -> None:
-    dense = _logits(falcon, tokens, mode="dense")
-    sparse = _logits(falcon_kx.output, tokens, mode="threshold", threshold_scale=1e-30)
+    dense = all_logits(falcon, tokens, mode="dense")
+    sparse = all_logits(falcon_kx.output, tokens, mode="threshold", threshold_scale=1e-30)
     err = float(np.sum((sparse - dense) ** 2) / np.sum(dense ** 2))
     assert err < 1e-5, err
     assert (dense.argmax(-1) == sparse.argmax(-1)).mean() >= 0.95
@@ -90,10 +78,10 @@ def test_every_neuron_active_reproduces_dense(falcon: Path, falcon_kx: ConvertRe
 def test_sparse_modes_skip_neurons(falcon: Path, falcon_kx: ConvertResult, tokens: list[int], mode: str) -> None:
     """Calibrated thresholds (50% sparsity): about half the neurons computed, the logits close
     to dense; batched and token-by-token decoding give the same logits."""
-    dense = _logits(falcon, tokens, mode="dense")
+    dense = all_logits(falcon, tokens, mode="dense")
     with Model(falcon_kx.output) as m:
-        with m.session(ContextParams(n_ctx=256, n_batch=N_TOK, max_sparse_tokens=N_TOK, n_threads=2,
-                                     mode=mode, stats=True)) as s:
+        with m.session(ContextParams(n_ctx=256, n_batch=len(tokens), max_sparse_tokens=len(tokens),
+                                     n_threads=2, mode=mode, stats=True)) as s:
             batch = s.decode(tokens, all_logits=True)
             assert batch is not None
             active = float(np.mean([st.active_fraction for st in s.layer_stats()]))

@@ -13,18 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PIPELINE_OPTS
+from conftest import SMALL_OPTS, all_logits, small_tokens
+from conftest import SMALL_SHAPE as SHAPE
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py.convert import ConvertResult, convert, open_input
 from kairox_py.corpus import default_corpus
 from kairox_py.profile import Profile, run_profile
 from kairox_py.quant import dequantize
-from kairox_py.synthetic import LlamaShape, write_synthetic_llama
+from kairox_py.synthetic import write_synthetic_llama
 
-SHAPE = LlamaShape(n_embd=256, n_ff=1024, n_layer=4, n_head=4, n_head_kv=4, n_vocab=512, n_ctx=512)
-N_TOK = 48
-OPTS = replace(PIPELINE_OPTS, tokens=768, group_size=32, ctx=256, predictor=False, down_type="f32")
+OPTS = replace(SMALL_OPTS, predictor=False, down_type="f32")
 
 
 @pytest.fixture(scope="module")
@@ -47,17 +46,7 @@ def relu_kx(relu_llama: Path, relu_profile: Profile) -> ConvertResult:
 
 @pytest.fixture(scope="module")
 def tokens(relu_llama: Path) -> list[int]:
-    with Model(relu_llama, vocab_only=True) as m:
-        toks = m.tokenize("Stones from the river were carried up the hill to build the old bridge.")
-    return (toks * 4)[:N_TOK]
-
-
-def _logits(path: Path, toks: list[int], **kw: object) -> np.ndarray:
-    with Model(path) as m, m.session(ContextParams(n_ctx=256, n_batch=N_TOK, max_sparse_tokens=N_TOK,
-                                                   n_threads=2, **kw)) as s:
-        out = s.decode(toks, all_logits=True)
-        assert out is not None
-        return out
+    return small_tokens(relu_llama, "Stones from the river were carried up the hill to build the old bridge.")
 
 
 def test_dense_path_runs_relu(relu_llama: Path, relu_profile: Profile) -> None:
@@ -80,10 +69,11 @@ def test_sparse_at_threshold_zero_is_dense(relu_llama: Path, relu_kx: ConvertRes
     half, and the logits are dense's to rounding; the Kairox GGUF's own dense mode (the
     prefill path) is the original model's."""
     assert np.all(relu_kx.thresholds == 0)
-    dense = _logits(relu_llama, tokens, mode="dense")
-    kx_dense = _logits(relu_kx.output, tokens, mode="dense")
-    with Model(relu_kx.output) as m, m.session(ContextParams(n_ctx=256, n_batch=N_TOK, max_sparse_tokens=N_TOK,
-                                                             n_threads=2, mode="threshold", stats=True)) as s:
+    dense = all_logits(relu_llama, tokens, mode="dense")
+    kx_dense = all_logits(relu_kx.output, tokens, mode="dense")
+    with Model(relu_kx.output) as m, m.session(ContextParams(n_ctx=256, n_batch=len(tokens), n_threads=2,
+                                                             max_sparse_tokens=len(tokens), mode="threshold",
+                                                             stats=True)) as s:
         sparse = s.decode(tokens, all_logits=True)
         assert sparse is not None
         active = [st.active_fraction for st in s.layer_stats()]
@@ -108,9 +98,9 @@ def test_convert_with_activation_override(tmp_path: Path, tokens: list[int]) -> 
     assert np.all(res.thresholds == 0)
     field = GGUFReader(res.output).get_field(fmt.KEY_ACTIVATION)
     assert field is not None and field.contents() == "relu"
-    relu = _logits(plain, tokens, mode="dense", activation="relu")
-    silu = _logits(plain, tokens, mode="dense")
-    sparse = _logits(res.output, tokens, mode="threshold")
+    relu = all_logits(plain, tokens, mode="dense", activation="relu")
+    silu = all_logits(plain, tokens, mode="dense")
+    sparse = all_logits(res.output, tokens, mode="threshold")
     assert float(np.sum((sparse - relu) ** 2) / np.sum(relu ** 2)) < 1e-5
     assert float(np.sum((silu - relu) ** 2) / np.sum(relu ** 2)) > 1e-3
     with pytest.raises(KairoxError, match="activation"):
