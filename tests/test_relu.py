@@ -64,20 +64,25 @@ def test_dense_path_runs_relu(relu_llama: Path, relu_profile: Profile) -> None:
     assert np.all(got[ref == 0] == 0)
 
 
-def test_sparse_at_threshold_zero_is_dense(relu_llama: Path, relu_kx: ConvertResult, tokens: list[int]) -> None:
+@pytest.mark.parametrize("mode", ["threshold", "cats"])
+def test_sparse_at_threshold_zero_is_dense(relu_llama: Path, relu_kx: ConvertResult, tokens: list[int],
+                                           mode: str) -> None:
     """Thresholds 0 (ReLU): only the neurons with a nonzero activation are computed, about
-    half, and the logits are dense's to rounding; the Kairox GGUF's own dense mode (the
-    prefill path) is the original model's."""
-    assert np.all(relu_kx.thresholds == 0)
+    half (CATS: gate dense, up and down at the positive gates), and the logits are dense's to
+    rounding; the Kairox GGUF's own dense mode (the prefill path) is the original model's."""
+    assert np.all(relu_kx.thresholds == 0) and np.all(relu_kx.cats_thresholds == 0)
     dense = all_logits(relu_llama, tokens, mode="dense")
     kx_dense = all_logits(relu_kx.output, tokens, mode="dense")
     with Model(relu_kx.output) as m, m.session(ContextParams(n_ctx=256, n_batch=len(tokens), n_threads=2,
-                                                             max_sparse_tokens=len(tokens), mode="threshold",
+                                                             max_sparse_tokens=len(tokens), mode=mode,
                                                              stats=True)) as s:
         sparse = s.decode(tokens, all_logits=True)
         assert sparse is not None
-        active = [st.active_fraction for st in s.layer_stats()]
+        st = s.layer_stats()
+    active = [x.active_fraction for x in st]
     assert all(0.3 < a < 0.7 for a in active), active
+    if mode == "cats":  # up computed only where the gate is positive: the same neurons
+        assert all(x.predicted == x.active for x in st)
     for got in (kx_dense, sparse):
         err = float(np.sum((got - dense) ** 2) / np.sum(dense ** 2))
         assert err < 1e-5, err
