@@ -90,6 +90,9 @@ def _ffn_on_host(path: str, dense: bool, vram_budget: float) -> bool:
               help="Share of active neurons above which the sparse down projection reads ffn_down "
                    "in order (0: always, >= 1: never; default: the model's, from kairox calibrate, "
                    "else a built-in crossover per weight type).")
+@click.option("--activation", type=click.Choice(list(_lib.KAIROX_ACTIVATIONS)), default="model", show_default=True,
+              help="The FFN activation on every path: model (its kairox.activation, else its architecture's) "
+                   "or an override (relu: a ReLU-fied llama whose GGUF says llama, before conversion).")
 @click.option("--mmap/--no-mmap", "use_mmap", default=False, show_default=True,
               help="Map the GGUF file instead of reading it into huge-page-backed memory "
                    "(faster start; sparse rows are read more slowly from a mapping).")
@@ -100,7 +103,7 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
         temp: float, top_k: int, top_p: float, chat: bool, n_ctx: int, batch_size: int,
         ignore_eos: bool, dense: bool, mode: str, threshold_scale: float, vram_budget: float,
         vram_reserve: float, policy: str, lambda_init: float, deterministic: bool, down_dense_share: float | None,
-        use_mmap: bool, stats: bool, verbose: bool) -> None:
+        activation: str, use_mmap: bool, stats: bool, verbose: bool) -> None:
     """Generate text after PROMPT with MODEL (a GGUF file; default: SmolLM2-135M-Instruct,
     downloaded on first use). The text streams to stdout; a speed table follows on stderr."""
     if not prompt.strip():
@@ -147,7 +150,8 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
                        vram_reserve_gib=vram_reserve,
                        policy=policy, lambda_init=lambda_init,
                        deterministic=deterministic,
-                       down_dense_share=-1.0 if down_dense_share is None else down_dense_share) as session:
+                       down_dense_share=-1.0 if down_dense_share is None else down_dense_share,
+                       activation=activation) as session:
             _stream(session, tokens, n_predict, sampling)
             console.print(_speed_table(session, len(tokens)))
             if stats:
