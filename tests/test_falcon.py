@@ -103,3 +103,29 @@ def test_cats_refused_without_a_gate(falcon: Path, falcon_profile: Profile, falc
     assert not (falcon.parent / "cats.gguf").exists()
     with Model(falcon_kx.output) as m, pytest.raises(KairoxError):
         m.session(ContextParams(n_ctx=64, mode="cats"))
+
+
+def test_hybrid_runtime_matches_cpu_only(falcon_kx: ConvertResult, tokens: list[int]) -> None:
+    """The hybrid runtime (CPU stand-in device) on an ungated FFN: with half of the neuron groups
+    cached, greedy decoding sees the CPU-only sparse path's logits (each neuron computed once,
+    on one side or the other)."""
+    toks = tokens[:24]
+
+    def run(**kw: object) -> tuple[np.ndarray, object]:
+        with Model(falcon_kx.output) as m, m.session(ContextParams(n_ctx=256, n_threads=2, mode="predictor",
+                                                                   **kw)) as s:  # type: ignore[arg-type]
+            s.decode(toks[:8])
+            out = [s.logits()]
+            for t in toks[8:]:
+                s.decode([t])
+                out.append(s.logits())
+            return np.stack(out), s.hybrid_info()
+
+    ref, _ = run()
+    _, full = run(vram_budget_gib=1.0)
+    assert full.n_slots == full.n_groups
+    half = (full.dense_bytes + full.cache_bytes / 2) / 2**30
+    got, info = run(vram_budget_gib=half)
+    assert 0 < info.n_slots < info.n_groups
+    assert (ref.argmax(-1) == got.argmax(-1)).all()
+    assert float(np.sum((ref - got) ** 2) / np.sum(ref ** 2)) < 1e-4
