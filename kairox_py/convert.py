@@ -33,6 +33,7 @@ from gguf import (
 from rich.console import Console
 
 from . import format as fmt
+from ._lib import KAIROX_ACTIVATIONS
 from .corpus import Corpus
 from .errors import KairoxError
 from .grouping import (
@@ -194,8 +195,8 @@ def check_options(opts: ConvertOptions, inp: InputModel) -> None:
         raise KairoxError(f"--self-text must be >= 0, got {opts.self_text}")
     if not (opts.pred_down_scale >= 0.0 and math.isfinite(opts.pred_down_scale)):
         raise KairoxError(f"--pred-down-scale must be finite and >= 0, got {opts.pred_down_scale}")
-    if opts.activation not in ("model", "relu", "silu", "gelu"):
-        raise KairoxError(f"--activation must be model, relu, silu or gelu, got {opts.activation!r}")
+    if opts.activation not in KAIROX_ACTIVATIONS:
+        raise KairoxError(f"--activation must be one of {', '.join(KAIROX_ACTIVATIONS)}, got {opts.activation!r}")
     if opts.mode == "cats" and inp.arch in fmt.UNGATED_ARCHES:
         raise KairoxError(f"--mode cats needs a gated FFN (|act(gate)|); {inp.arch} has none: "
                           f"use --mode predictor or threshold")

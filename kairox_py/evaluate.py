@@ -98,8 +98,9 @@ def _nll_and_argmax(logits: np.ndarray, tokens: Sequence[int]) -> tuple[float, i
     return nll, len(target), logits[:-1].argmax(axis=1)
 
 
-def _pred_overhead(model_path: Path, n_embd: int, n_ff: int) -> float:
-    """Predictor MACs as a share of the dense FFN's (mean over layers with a predictor)."""
+def _pred_overhead(model_path: Path, n_embd: int, n_ff: int, n_proj: int = 3) -> float:
+    """Predictor MACs as a share of the dense FFN's n_proj projections (mean over layers with a
+    predictor)."""
     from gguf import GGUFReader
 
     from .format import KEY_PRED_RANK
@@ -111,7 +112,7 @@ def _pred_overhead(model_path: Path, n_embd: int, n_ff: int) -> float:
     if f is None:
         return 0.0
     ranks = np.asarray(f.contents(), dtype=np.float64)
-    return float(np.mean(ranks * (n_embd + n_ff) / (3.0 * n_embd * n_ff)))
+    return float(np.mean(ranks * (n_embd + n_ff) / (n_proj * n_embd * n_ff)))
 
 
 def evaluate(setting: EvalSetting, chunks: list[list[int]], *, threads: int | None = None,
@@ -156,8 +157,8 @@ def evaluate(setting: EvalSetting, chunks: list[list[int]], *, threads: int | No
                     if mode == "threshold":
                         work = (1.0 + active) / 2.0
                     else:
-                        work = (predicted + active) / 2.0 + 1.5 * _pred_overhead(
-                            path, model.n_embd, model.n_ff)
+                        work = (predicted + active) / 2.0 + _pred_overhead(
+                            path, model.n_embd, model.n_ff, n_proj=2)
                 elif mode == "threshold":
                     work = (2.0 + active) / 3.0
                 elif mode == "cats":

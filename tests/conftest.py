@@ -147,6 +147,18 @@ def small_tokens(path: Path, text: str) -> list[int]:
     return (toks * (SMALL_TOKENS // len(toks) + 1))[:SMALL_TOKENS]
 
 
+def small_profile(path: Path) -> Profile:
+    """A profile of the small GGUF at `path` (SMALL_OPTS' sample), next to it."""
+    return run_profile(path, default_corpus("profile"), path.parent / f"{path.stem}-profile",
+                       n_tokens=SMALL_OPTS.tokens, ctx=SMALL_OPTS.ctx, threads=2)
+
+
+def small_convert(path: Path, prof: Profile, opts: ConvertOptions) -> ConvertResult:
+    """The small GGUF at `path` converted with `opts` from `prof`, next to it (STEM-kx.gguf)."""
+    return convert(path, path.parent / f"{path.stem}-kx.gguf", default_corpus("profile"), opts,
+                   profile_dir=prof.dir)
+
+
 def all_logits(path: Path, toks: list[int], **kw: object) -> np.ndarray:
     """The logits of every token of one decode call; in a sparse mode every token goes
     through the sparse FFN with its own mask (max_sparse_tokens = the call's size)."""

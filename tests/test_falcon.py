@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from conftest import SMALL_OPTS as OPTS
 from conftest import SMALL_SHAPE as SHAPE
-from conftest import all_logits, small_tokens
+from conftest import all_logits, small_convert, small_profile, small_tokens
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py.convert import ConvertResult, convert, open_input
 from kairox_py.corpus import default_corpus
-from kairox_py.profile import Profile, run_profile
+from kairox_py.profile import Profile
 from kairox_py.quant import dequantize
 from kairox_py.synthetic import write_synthetic_llama
 
@@ -34,16 +34,14 @@ def falcon(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def falcon_profile(falcon: Path) -> Profile:
-    return run_profile(falcon, default_corpus("profile"), falcon.parent / "profile", n_tokens=OPTS.tokens,
-                       ctx=OPTS.ctx, threads=2)
+    return small_profile(falcon)
 
 
 @pytest.fixture(scope="module")
 def falcon_kx(falcon: Path, falcon_profile: Profile) -> ConvertResult:
     """down_t in f32 (exact): at full activity the sparse path then differs from dense only in
     rounding."""
-    return convert(falcon, falcon.parent / "falcon-kx.gguf", default_corpus("profile"),
-                   replace(OPTS, down_type="f32"), profile_dir=falcon_profile.dir)
+    return small_convert(falcon, falcon_profile, replace(OPTS, down_type="f32"))
 
 
 @pytest.fixture(scope="module")

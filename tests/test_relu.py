@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SMALL_OPTS, all_logits, small_tokens
+from conftest import SMALL_OPTS, all_logits, small_convert, small_profile, small_tokens
 from conftest import SMALL_SHAPE as SHAPE
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py.convert import ConvertResult, convert, open_input
 from kairox_py.corpus import default_corpus
-from kairox_py.profile import Profile, run_profile
+from kairox_py.profile import Profile
 from kairox_py.quant import dequantize
 from kairox_py.synthetic import write_synthetic_llama
 
@@ -34,14 +34,12 @@ def relu_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def relu_profile(relu_llama: Path) -> Profile:
-    return run_profile(relu_llama, default_corpus("profile"), relu_llama.parent / "profile",
-                       n_tokens=OPTS.tokens, ctx=OPTS.ctx, threads=2)
+    return small_profile(relu_llama)
 
 
 @pytest.fixture(scope="module")
 def relu_kx(relu_llama: Path, relu_profile: Profile) -> ConvertResult:
-    return convert(relu_llama, relu_llama.parent / "relu-kx.gguf", default_corpus("profile"), OPTS,
-                   profile_dir=relu_profile.dir)
+    return small_convert(relu_llama, relu_profile, OPTS)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from .._lib import KAIROX_ACTIVATIONS
 from ..calibrate import measure, write_share
 from ..convert import (
     DEFAULT_DOWN_TYPE,
@@ -62,7 +63,7 @@ def _given(param: str) -> bool:
               default=DEFAULT_DOWN_TYPE, show_default=True, help="ggml type of ffn_down_t.")
 @click.option("--mode", type=click.Choice(MODES), default=DEFAULT_MODE, show_default=True,
               help="The model's default sparse mode (kairox.mode).")
-@click.option("--activation", type=click.Choice(["model", "relu", "silu", "gelu"]), default="model",
+@click.option("--activation", type=click.Choice(list(KAIROX_ACTIVATIONS)), default="model",
               show_default=True,
               help="The FFN activation: model (its kairox.activation, else its architecture's) or an "
                    "override, profiled with and written as kairox.activation (relu: a ReLU-fied llama, "

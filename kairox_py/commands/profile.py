@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from .._lib import KAIROX_ACTIVATIONS
 from ..corpus import load_corpus
 from ..profile import DEFAULT_CTX, DEFAULT_TOKENS, run_profile
 from ..selftext import with_self_text
@@ -28,7 +29,7 @@ from .trace import run_trace
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
 @click.option("--sparsity", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.5,
               show_default=True, help="Sparsity for the summary's thresholds.")
-@click.option("--activation", type=click.Choice(["model", "relu", "silu", "gelu"]), default="model",
+@click.option("--activation", type=click.Choice(list(KAIROX_ACTIVATIONS)), default="model",
               show_default=True,
               help="The FFN activation to run: model (its kairox.activation, else its architecture's) "
                    "or an override (relu: a ReLU-fied llama whose GGUF says llama).")
