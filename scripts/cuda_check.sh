@@ -23,6 +23,14 @@
 #                                         and `test-kairox-hybrid MODEL compare` checks it against
 #                                         the CPU-only sparse path (scripts/gguf_truncate.py makes
 #                                         a model small enough to copy)
+#   scripts/cuda_check.sh --stage-models DIR MODEL.gguf...
+#                                         more Kairox GGUFs (with predictors) for the hybrid
+#                                         compare, compressed as model-STEM.gguf.xz (e.g. the
+#                                         synthetic Falcon and ReLU llama of the tests, whose
+#                                         activations run on the GPU through ggml-cuda); for a
+#                                         second call when one call cannot carry them with the
+#                                         rest: DIR gets the runtime from --stage-hybrid's DIR
+#                                         on the GPU machine (HYBRID_DIR=that DIR at --run)
 #   DIR/cuda_check.sh --run DIR [OUT_DIR] on the GPU machine: run the staged binaries
 set -euo pipefail
 
@@ -46,6 +54,31 @@ run_checks() { # $1: directory holding the staged binaries (and their libraries)
         grep -m1 "model name" /proc/cpuinfo || true
     } | tee "$out/env.txt"
     local rc=0
+    if [ -n "${HYBRID_DIR:-}" ] && [ ! -f "$bin/libkairox.so.xz" ]; then
+        cp "$HYBRID_DIR/libkairox.so.xz" "$HYBRID_DIR/test-kairox-hybrid" "$HYBRID_DIR"/libgomp* "$bin/" 2>/dev/null || true
+    fi
+    local extra
+    for extra in "$bin"/model-*.gguf.xz; do
+        [ -f "$extra" ] && [ -f "$bin/libkairox.so.xz" ] || continue
+        # another model (architecture, activation) through the hybrid runtime on the GPU
+        local tmp name
+        tmp=$(mktemp -d)
+        name=$(basename "$extra" .gguf.xz)
+        python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+            "$bin/libkairox.so.xz" "$tmp/libkairox.so"
+        python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+            "$extra" "$tmp/model.gguf"
+        cp "$bin/test-kairox-hybrid" "$bin"/libgomp* "$tmp/" 2>/dev/null || true
+        cuda_libs
+        for place in "" --dense-on-device; do
+            LD_LIBRARY_PATH="$tmp:$LD_LIBRARY_PATH" timeout 300 "$tmp/test-kairox-hybrid" "$tmp/model.gguf" compare 32 $place \
+                > "$out/hybrid-compare-$name${place}.log" 2>&1 || { echo "hybrid compare $name $place: exit $?"; rc=1; }
+            echo "$name $place:"
+            grep -m1 "^device" "$out/hybrid-compare-$name${place}.log" || true
+            tail -1 "$out/hybrid-compare-$name${place}.log"
+        done
+        rm -rf "$tmp"
+    done
     if [ -f "$bin/libkairox.so.xz" ] && [ -f "$bin/model.gguf.xz" ]; then
         # the hybrid runtime end to end: its cache on the GPU vs the CPU-only sparse path
         local tmp
@@ -167,6 +200,17 @@ case "${1:-}" in
         [ -n "$gomp" ] && cp -L "$gomp" "$dir/"
         git rev-parse --short HEAD > "$dir/COMMIT"
         echo "staged the hybrid runtime in $dir ($(du -sh "$dir" | cut -f1))"
+        ;;
+    --stage-models)
+        dir=$2
+        shift 2
+        mkdir -p "$dir"
+        for m in "$@"; do
+            xz -T0 -c "$m" > "$dir/model-$(basename "$m" .gguf).gguf.xz"
+        done
+        cp "$0" "$dir/"
+        git -C "$(dirname "$0")/.." rev-parse --short HEAD > "$dir/COMMIT"
+        echo "staged $# model(s) in $dir ($(du -sh "$dir" | cut -f1))"
         ;;
     *)
         cd "$(dirname "$0")/.."
