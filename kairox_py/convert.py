@@ -171,9 +171,12 @@ def open_input(path: Path) -> InputModel:
                                   f"{'gated ' if gated else ''}dense FFN is needed)")
         if not gated and f"blk.{il}.ffn_gate.weight" in tensors:
             raise KairoxError(f"{path}: an {arch} model with an FFN gate is not supported")
-        for kind in ("ffn_gate", "ffn_up", "ffn_down"):
+        # biases: down's is added after the sparse down; up's (an ungated FFN's, OPT's fc1) is
+        # permuted with the neurons and added to the selected ones only; a gated FFN's are not
+        # run by the sparse path
+        for kind in ("ffn_gate", "ffn_up") if gated else ("ffn_gate",):
             if f"blk.{il}.{kind}.bias" in tensors:
-                raise KairoxError(f"{path}: FFN biases are not supported by the sparse path")
+                raise KairoxError(f"{path}: a bias on {kind} is not supported by the sparse path")
     return InputModel(reader, arch, n_layer, n_embd, n_ff, tensors)
 
 
@@ -291,6 +294,10 @@ def _rows(data: np.ndarray, perm: np.ndarray | None) -> Callable[[], np.ndarray]
     types: a row of a quantized matrix is whole blocks, so no requantization is needed)."""
     if perm is None:
         return lambda: np.asarray(data)
+    if data.ndim == 1 or data.shape[0] == 1:  # a vector (a bias, maybe stored as 1 x n): its entries
+        if data.dtype not in (np.float32, np.float16):
+            raise KairoxError("a quantized bias cannot be permuted")
+        return lambda: np.ascontiguousarray(np.asarray(data).reshape(-1)[perm].reshape(data.shape))
     return lambda: np.ascontiguousarray(np.asarray(data)[perm])
 
 
@@ -350,8 +357,9 @@ def plan_tensors(inp: InputModel, opts: ConvertOptions, groupings: list[LayerGro
     plan: list[_NewTensor] = []
     for t in inp.reader.tensors:
         parts = t.name.split(".")
+        # gate/up rows and the up bias (an ungated FFN's) follow the neuron order
         permute = (opts.reorder and len(parts) == 4 and parts[0] == "blk"
-                   and parts[2] in ("ffn_gate", "ffn_up") and parts[3] == "weight")
+                   and parts[2] in ("ffn_gate", "ffn_up") and parts[3] in ("weight", "bias"))
         plan.append(_input_tensor(t, groupings[int(parts[1])].perm if permute else None))
     qtype = ggml_type(opts.down_type)
     for il in range(inp.n_layer):

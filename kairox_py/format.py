@@ -57,12 +57,13 @@ NAMES: dict[str, str] = {
 MODES = ("predictor", "threshold", "cats")
 
 #: Architectures the converter accepts, mapped to their FFN activation: dense per-layer
-#: FFNs with no biases, built by llama.cpp's build_ffn, either gated (separate gate/up/down,
-#: act(gate)*up) or, for the architectures in UNGATED_ARCHES, up/down only (act(up)): the
-#: two shapes the sparse path runs. Mistral and the ReLU llamas of the papers (ProSparse,
-#: Bamboo, ReluLLaMA) are "llama" GGUFs; ReluFalcon is a "falcon" one. Others are refused
-#: with a clear error rather than converted into a model the runtime would silently run
-#: dense (OPT, for one, is not an architecture llama.cpp runs at all).
+#: FFNs built by llama.cpp's build_ffn, either gated (separate gate/up/down, act(gate)*up,
+#: no biases) or, for the architectures in UNGATED_ARCHES, up/down only (act(up x + b)):
+#: the two shapes the sparse path runs. Mistral and the ReLU llamas of the papers (ProSparse,
+#: Bamboo, ReluLLaMA) are "llama" GGUFs; ReluFalcon is a "falcon" one; OPT (DejaVu's and
+#: PowerInfer's ReLU model) is "opt", an architecture Kairox adds to llama.cpp, with FFN
+#: biases. Others are refused with a clear error rather than converted into a model the
+#: runtime would silently run dense.
 SUPPORTED_ARCHES: dict[str, str] = {
     "llama": "silu",
     "qwen2": "silu",
@@ -70,11 +71,12 @@ SUPPORTED_ARCHES: dict[str, str] = {
     "gemma": "gelu",
     "gemma2": "gelu",
     "falcon": "gelu",
+    "opt": "relu",
 }
 
-#: Architectures whose FFN has no gate: hidden = act(up x). No CATS mode for them (its
-#: criterion is |act(gate)|).
-UNGATED_ARCHES = frozenset({"falcon"})
+#: Architectures whose FFN has no gate: hidden = act(up x + up bias). No CATS mode for them
+#: (its criterion is |act(gate)|).
+UNGATED_ARCHES = frozenset({"falcon", "opt"})
 
 #: Architectures whose FFN reads the attention's input norm (attention and FFN in parallel
 #: on one normed input): the profiler records that norm ("attn_norm") as the FFN input.

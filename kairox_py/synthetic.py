@@ -128,11 +128,14 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
     group_size > 0 also declares neuron groups of that size (no profiled frequencies), which
     the hybrid runtime needs; the benchmark files do without. arch "falcon" writes the same
     shapes as a Falcon model instead (layer norms with biases, fused QKV, attention and an
-    ungated GELU FFN in parallel on one norm): the converter's other FFN shape. activation
-    ("relu", ...) writes kairox.activation, as a ReLU-fied llama's GGUF carries it.
+    ungated GELU FFN in parallel on one norm): the converter's other FFN shape. arch "opt"
+    writes an OPT model (LayerNorms, learned positions, biases on every projection, an ungated
+    ReLU FFN whose up bias the sparse paths must add to the selected neurons only; multi-head
+    attention, so n_head_kv is n_head). activation ("relu", ...) writes kairox.activation, as a
+    ReLU-fied llama's GGUF carries it.
     """
-    if arch not in ("llama", "falcon"):
-        raise KairoxError(f"synthetic models are llama or falcon, not {arch!r}")
+    if arch not in ("llama", "falcon", "opt"):
+        raise KairoxError(f"synthetic models are llama, falcon or opt, not {arch!r}")
     if wtype not in ("q4_0", "q8_0", "f16"):
         raise KairoxError("synthetic weights must be q4_0, q8_0 or f16")
     qt = _TYPES[wtype]
@@ -146,7 +149,8 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
     rng = np.random.default_rng(seed)
     e, f, L = shape.n_embd, shape.n_ff, shape.n_layer
     head_dim = e // shape.n_head
-    kv = head_dim * shape.n_head_kv
+    opt = arch == "opt"
+    kv = e if opt else head_dim * shape.n_head_kv
 
     # (name, rows, cols, type, maker) in file order; makers run while writing, one at a time
     tensors: list[tuple[str, int, int, QT, object]] = []
@@ -164,10 +168,16 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
     def zeros(name: str, n: int) -> None:
         tensors.append((name, 1, n, QT.F32, lambda: np.zeros((1, n), np.float32).view(np.uint8)))
 
+    def vec(name: str, n: int, std: float, mean: float = 0.0) -> None:
+        tensors.append((name, 1, n, QT.F32,
+                        lambda: (mean + std * rng.standard_normal((1, n))).astype(np.float32).view(np.uint8)))
+
     falcon = arch == "falcon"
     mat("token_embd.weight", shape.n_vocab, e, qt, 1.0)
+    if opt:
+        mat("position_embd.weight", shape.n_ctx, e, QT.F32, 0.1)
     ones("output_norm.weight", e)
-    if falcon:
+    if falcon or opt:
         zeros("output_norm.bias", e)
     mat("output.weight", shape.n_vocab, e, qt, 1.0 / math.sqrt(e))
     pred_qt = _TYPES[sparse.pred_type] if sparse else qt
@@ -178,15 +188,28 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
             zeros(p + "attn_norm.bias", e)
             mat(p + "attn_qkv.weight", e + 2 * kv, e, qt, 1.0 / math.sqrt(e))
         else:
-            mat(p + "attn_q.weight", e, e, qt, 1.0 / math.sqrt(e))
-            mat(p + "attn_k.weight", kv, e, qt, 1.0 / math.sqrt(e))
-            mat(p + "attn_v.weight", kv, e, qt, 1.0 / math.sqrt(e))
+            if opt:
+                vec(p + "attn_norm.bias", e, 0.05)
+            for proj, rows in (("attn_q", e), ("attn_k", kv), ("attn_v", kv)):
+                mat(p + proj + ".weight", rows, e, qt, 1.0 / math.sqrt(e))
+                if opt:
+                    vec(p + proj + ".bias", rows, 0.05)
         mat(p + "attn_output.weight", e, e, qt, 0.5 / math.sqrt(e))
+        if opt:
+            vec(p + "attn_output.bias", e, 0.05)
         if not falcon:
             ones(p + "ffn_norm.weight", e)
-            mat(p + "ffn_gate.weight", f, e, qt, 1.0 / math.sqrt(e))
+            if opt:
+                vec(p + "ffn_norm.bias", e, 0.05)
+            else:
+                mat(p + "ffn_gate.weight", f, e, qt, 1.0 / math.sqrt(e))
         mat(p + "ffn_up.weight", f, e, qt, 1.0 / math.sqrt(e))
+        if opt:
+            # a negative mean, as trained OPT fc1 biases have: most neurons below ReLU's zero
+            vec(p + "ffn_up.bias", f, 0.3, -0.3)
         mat(p + "ffn_down.weight", e, f, qt, 0.5 / math.sqrt(f))
+        if opt:
+            vec(p + "ffn_down.bias", e, 0.05)
         if sparse is None:
             continue
         down_t, pred_up, pred_down = (fmt.TENSOR_DOWN_T % i, fmt.TENSOR_PRED_UP % i, fmt.TENSOR_PRED_DOWN % i)
@@ -213,9 +236,10 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         w.add_block_count(L)
         w.add_feed_forward_length(f)
         w.add_head_count(shape.n_head)
-        w.add_head_count_kv(shape.n_head_kv)
-        w.add_rope_dimension_count(head_dim)
-        if falcon:
+        w.add_head_count_kv(shape.n_head if opt else shape.n_head_kv)
+        if not opt:
+            w.add_rope_dimension_count(head_dim)
+        if falcon or opt:
             w.add_layer_norm_eps(1e-5)
         else:
             w.add_layer_norm_rms_eps(1e-5)
