@@ -26,6 +26,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("info", "info"),
     ("profile", "profile"),
     ("convert", "convert"),
+    ("import_opt", "import_opt"),
     ("calibrate", "calibrate"),
     ("eval", "eval_cmd"),
     ("trace", "trace"),

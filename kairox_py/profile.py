@@ -199,6 +199,9 @@ def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str
     with Model(model_path) as model:
         arch = check_model_supported(model)
         n_layer, n_embd, n_ff = model.n_layer, model.n_embd, model.n_ff
+        if model.n_ctx_train > 0:
+            # chunks no longer than the model was trained on (learned positions, OPT's, end there)
+            ctx = min(ctx, model.n_ctx_train)
         chunks = pick_chunks(tokenize_chunks(model, corpus.text, ctx), n_tokens)
         total = min(n_tokens, sum(len(c) for c in chunks))
         tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"

@@ -1,0 +1,271 @@
+"""`kairox import-opt HF_DIR OUT.gguf`: a Hugging Face OPT checkpoint as a GGUF llama.cpp runs.
+
+OPT (facebook/opt-*) is the ReLU model of DejaVu and PowerInfer, but llama.cpp has neither the
+architecture nor a converter for it: our patches add the architecture (``models/opt.cpp``) and
+this module the conversion, from the checkpoint's own files (``config.json``, ``vocab.json``,
+``merges.txt``, ``model.safetensors`` or its shards) read with NumPy alone (no torch).
+
+The GGUF uses GPT-2's tensor names with separate ``attn_q``/``attn_k``/``attn_v``; HF's learned
+positions are offset by 2 (its row p + 2 holds position p), so ``position_embd`` is written from
+row 2 on and llama.cpp indexes it by position. Matrices are written in F16 (or F32), norms and
+biases in F32; quantize the result with llama.cpp's ``llama-quantize`` if wanted. Refused with a
+clear error: checkpoints that are not OPT, OPT-350m's post-norm layers and its projected word
+embeddings (``word_embed_proj_dim`` != ``hidden_size``), ``*.bin`` (pickled torch) checkpoints.
+The output is written to a temporary file and renamed into place when complete.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter, LlamaFileType, TokenType
+
+from rich.console import Console
+
+from .errors import KairoxError
+from .outputs import check_output_file
+from .progress import make_progress
+
+ARCH = "opt"
+#: HF's positions start at this row of embed_positions (OPTLearnedPositionalEmbedding's offset)
+POSITION_OFFSET = 2
+
+_ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+
+class SafeTensors:
+    """The tensors of one or more .safetensors files, memory-mapped (read on demand)."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self._where: dict[str, tuple[Path, str, tuple[int, ...], int, int]] = {}
+        for f in files:
+            try:
+                with open(f, "rb") as fh:
+                    (n,) = struct.unpack("<Q", fh.read(8))
+                    header = json.loads(fh.read(n))
+            except (OSError, struct.error, ValueError) as e:
+                raise KairoxError(f"cannot read {f} as safetensors: {e}") from None
+            base = 8 + n
+            for name, info in header.items():
+                if name == "__metadata__":
+                    continue
+                if info["dtype"] not in _ST_DTYPES:
+                    raise KairoxError(f"{f}: tensor {name} has dtype {info['dtype']} (F32, F16, BF16 supported)")
+                b0, b1 = info["data_offsets"]
+                self._where[name] = (f, info["dtype"], tuple(info["shape"]), base + b0, base + b1)
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._where[name][2]
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor as float32."""
+        f, dt, shape, b0, b1 = self._where[name]
+        count = int(np.prod(shape)) if shape else 1
+        if (b1 - b0) != count * np.dtype(_ST_DTYPES[dt]).itemsize or f.stat().st_size < b1:
+            raise KairoxError(f"{f}: tensor {name} is truncated or mis-sized")
+        a = np.memmap(f, dtype=_ST_DTYPES[dt], mode="r", offset=b0, shape=(count,))
+        if dt == "BF16":
+            return (a.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+        return np.asarray(a, dtype=np.float32).reshape(shape)
+
+
+def _checkpoint_files(src: Path) -> list[Path]:
+    single = src / "model.safetensors"
+    index = src / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError) as e:
+            raise KairoxError(f"cannot read {index}: {e}") from None
+        return [src / s for s in shards]
+    if any(src.glob("*.bin")):
+        raise KairoxError(f"{src} has only pickled torch weights (*.bin): save the model as safetensors "
+                          "first (model.save_pretrained(dir, safe_serialization=True))")
+    raise KairoxError(f"no model.safetensors (or shards) in {src}")
+
+
+def _read_config(src: Path) -> dict:
+    try:
+        cfg = json.loads((src / "config.json").read_text())
+    except FileNotFoundError:
+        raise KairoxError(f"no config.json in {src} (a Hugging Face checkpoint directory is needed)") from None
+    except (OSError, ValueError) as e:
+        raise KairoxError(f"cannot read {src / 'config.json'}: {e}") from None
+    if cfg.get("model_type") != "opt":
+        raise KairoxError(f"{src} is a {cfg.get('model_type')!r} checkpoint, not OPT")
+    if not cfg.get("do_layer_norm_before", True):
+        raise KairoxError("post-norm OPT layers (do_layer_norm_before = false: OPT-350m) are not supported")
+    if cfg.get("word_embed_proj_dim", cfg["hidden_size"]) != cfg["hidden_size"]:
+        raise KairoxError("projected word embeddings (word_embed_proj_dim != hidden_size: OPT-350m) are not supported")
+    if cfg.get("activation_function", "relu") != "relu":
+        raise KairoxError(f"activation {cfg.get('activation_function')!r}: OPT's FFN is ReLU")
+    if not cfg.get("enable_bias", True):
+        raise KairoxError("OPT without biases (enable_bias = false) is not supported")
+    if cfg["hidden_size"] % cfg["num_attention_heads"]:
+        raise KairoxError("hidden_size is not a multiple of num_attention_heads")
+    return cfg
+
+
+def _vocab(src: Path, n_vocab: int) -> tuple[list[str], list[int], list[str], dict[str, int]]:
+    """Tokens (in id order, padded to the embedding's rows), their types, the merges and the
+    special tokens' ids."""
+    try:
+        vocab: dict[str, int] = json.loads((src / "vocab.json").read_text(encoding="utf-8"))
+        merges = [ln for ln in (src / "merges.txt").read_text(encoding="utf-8").splitlines()
+                  if ln and not ln.startswith("#version")]
+    except FileNotFoundError as e:
+        raise KairoxError(f"the tokenizer file {Path(e.filename).name} is missing in {src}") from None
+    except (OSError, ValueError) as e:
+        raise KairoxError(f"cannot read the tokenizer in {src}: {e}") from None
+    if not vocab or max(vocab.values()) >= n_vocab:
+        raise KairoxError(f"vocab.json has {len(vocab)} tokens, ids up to {max(vocab.values(), default=-1)}, "
+                          f"for {n_vocab} embedding rows")
+    tokens = [f"[PAD{i}]" for i in range(n_vocab)]
+    types = [int(TokenType.UNUSED)] * n_vocab
+    for tok, i in vocab.items():
+        tokens[i] = tok
+        types[i] = int(TokenType.NORMAL)
+    special: dict[str, int] = {}
+    for name, tok in (("bos", "</s>"), ("eos", "</s>"), ("pad", "<pad>"), ("unk", "<unk>")):
+        if tok in vocab:
+            special[name] = vocab[tok]
+    for tok in ("<s>", "</s>", "<pad>", "<unk>"):
+        if tok in vocab:
+            types[vocab[tok]] = int(TokenType.CONTROL)
+    return tokens, types, merges, special
+
+
+# (HF name under model.decoder.layers.N., GGUF name under blk.N., matrix)
+_LAYER_TENSORS = [
+    ("self_attn_layer_norm.weight", "attn_norm.weight", False),
+    ("self_attn_layer_norm.bias", "attn_norm.bias", False),
+    ("self_attn.q_proj.weight", "attn_q.weight", True),
+    ("self_attn.q_proj.bias", "attn_q.bias", False),
+    ("self_attn.k_proj.weight", "attn_k.weight", True),
+    ("self_attn.k_proj.bias", "attn_k.bias", False),
+    ("self_attn.v_proj.weight", "attn_v.weight", True),
+    ("self_attn.v_proj.bias", "attn_v.bias", False),
+    ("self_attn.out_proj.weight", "attn_output.weight", True),
+    ("self_attn.out_proj.bias", "attn_output.bias", False),
+    ("final_layer_norm.weight", "ffn_norm.weight", False),
+    ("final_layer_norm.bias", "ffn_norm.bias", False),
+    ("fc1.weight", "ffn_up.weight", True),
+    ("fc1.bias", "ffn_up.bias", False),
+    ("fc2.weight", "ffn_down.weight", True),
+    ("fc2.bias", "ffn_down.bias", False),
+]
+
+
+def _plan(st: SafeTensors, cfg: dict) -> Iterator[tuple[str, str, Callable[[np.ndarray], np.ndarray], bool]]:
+    """(GGUF name, HF name, transform, matrix) of every tensor to write, in file order."""
+    names = set(st.names())
+    prefix = next((p for p in ("model.decoder.", "decoder.") if p + "embed_tokens.weight" in names), None)
+    if prefix is None:
+        raise KairoxError("the checkpoint has no decoder.embed_tokens.weight: not an OPT model")
+    keep: Callable[[np.ndarray], np.ndarray] = lambda a: a  # noqa: E731
+    yield "token_embd.weight", prefix + "embed_tokens.weight", keep, True
+    yield "position_embd.weight", prefix + "embed_positions.weight", lambda a: a[POSITION_OFFSET:], True
+    for i in range(cfg["num_hidden_layers"]):
+        for hf, gg, is_mat in _LAYER_TENSORS:
+            yield f"blk.{i}.{gg}", f"{prefix}layers.{i}.{hf}", keep, is_mat
+    yield "output_norm.weight", prefix + "final_layer_norm.weight", keep, False
+    yield "output_norm.bias", prefix + "final_layer_norm.bias", keep, False
+    if "lm_head.weight" in names:
+        yield "output.weight", "lm_head.weight", keep, True  # dropped below when tied
+
+
+def import_opt(src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f16",
+               console: Console | None = None) -> Path:
+    """Write the OPT checkpoint in directory `src` as a GGUF at `out` (a progress bar on
+    `console`, if given); returns out's path."""
+    src_p, out_p = Path(src), Path(out)
+    if not src_p.is_dir():
+        raise KairoxError(f"not a directory: {src_p}")
+    if dtype not in ("f16", "f32"):
+        raise KairoxError(f"--type must be f16 or f32, got {dtype!r}")
+    if not out_p.parent.is_dir():
+        raise KairoxError(f"output directory does not exist: {out_p.parent}")
+    check_output_file(out_p)
+    cfg = _read_config(src_p)
+    st = SafeTensors(_checkpoint_files(src_p))
+    plan = list(_plan(st, cfg))
+    e, f, n_layer = cfg["hidden_size"], cfg["ffn_dim"], cfg["num_hidden_layers"]
+    n_vocab = st.shape(plan[0][1])[0]
+    expect = {
+        "token_embd.weight": (n_vocab, e),
+        "position_embd.weight": (cfg["max_position_embeddings"] + POSITION_OFFSET, e),
+        "output.weight": (n_vocab, e),
+    }
+    missing = [hf for _, hf, _, _ in plan if hf not in st.names()]
+    if missing:
+        raise KairoxError(f"the checkpoint lacks {len(missing)} tensor(s), e.g. {missing[0]}")
+    for gg, hf, _, _ in plan:
+        want = expect.get(gg)
+        if want is None and gg.startswith("blk."):
+            kind = gg.split(".", 2)[2]
+            want = {"ffn_up.weight": (f, e), "ffn_up.bias": (f,), "ffn_down.weight": (e, f)}.get(
+                kind, (e, e) if kind.endswith("weight") and not kind.endswith("norm.weight") else (e,))
+        if want is None:
+            want = (e,)
+        if st.shape(hf) != want:
+            raise KairoxError(f"{hf} has shape {st.shape(hf)}, expected {want} from config.json")
+    # tied output: written only if lm_head differs from the token embedding (it never does in OPT)
+    if plan[-1][0] == "output.weight" and np.array_equal(st.get(plan[-1][1]), st.get(plan[0][1])):
+        plan.pop()
+    tokens, types, merges, special = _vocab(src_p, n_vocab)
+
+    mat_dt = np.float16 if dtype == "f16" else np.float32
+    tmp = out_p.with_name(f".{out_p.name}.tmp{os.getpid()}")
+    try:
+        w = GGUFWriter(tmp, ARCH)
+        w.add_name(Path(cfg.get("_name_or_path", src_p.name)).name or "opt")
+        w.add_context_length(cfg["max_position_embeddings"])
+        w.add_embedding_length(e)
+        w.add_feed_forward_length(f)
+        w.add_block_count(n_layer)
+        w.add_head_count(cfg["num_attention_heads"])
+        w.add_head_count_kv(cfg["num_attention_heads"])
+        w.add_layer_norm_eps(1e-5)
+        w.add_file_type(LlamaFileType.MOSTLY_F16 if dtype == "f16" else LlamaFileType.ALL_F32)
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        if "bos" in special:
+            w.add_bos_token_id(special["bos"])
+            w.add_add_bos_token(True)  # OPT's tokenizer starts every text with </s>
+        if "eos" in special:
+            w.add_eos_token_id(special["eos"])
+        if "pad" in special:
+            w.add_pad_token_id(special["pad"])
+        if "unk" in special:
+            w.add_unk_token_id(special["unk"])
+        for gg, hf, fn, is_mat in plan:
+            shape = fn(np.empty(st.shape(hf), dtype=np.uint8)).shape
+            dt = np.dtype(mat_dt if is_mat else np.float32)
+            w.add_tensor_info(gg, shape, dt, int(np.prod(shape)) * dt.itemsize)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        with make_progress(console) as bar:
+            task = bar.add_task("writing tensors", total=len(plan))
+            for _gg, hf, fn, is_mat in plan:
+                w.write_tensor_data(np.ascontiguousarray(fn(st.get(hf)), dtype=mat_dt if is_mat else np.float32))
+                bar.advance(task)
+        w.close()
+        os.replace(tmp, out_p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out_p
+
