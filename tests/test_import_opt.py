@@ -189,3 +189,53 @@ def test_positions_past_the_table_are_an_error(hf_dir: tuple[Path, dict[str, np.
     dense = all_logits(out, toks, mode="dense")
     sparse = all_logits(kx.output, toks, mode="predictor")
     assert (dense.argmax(-1) == sparse.argmax(-1)).mean() >= 0.5
+
+
+def test_shards_and_bf16(hf_dir: tuple[Path, dict[str, np.ndarray]], tmp_path: Path) -> None:
+    """A checkpoint in two shards with an index, some tensors in BF16, imports to the same model
+    (its BF16 tensors rounded as the checkpoint holds them); pickled torch weights are refused
+    with what to do instead."""
+    d, w = hf_dir
+    sh = tmp_path / "sharded"
+    sh.mkdir()
+    for f in ("config.json", "vocab.json", "merges.txt"):
+        (sh / f).write_bytes((d / f).read_bytes())
+    names = sorted(w)
+    bf16 = {n for n in names if n.endswith("fc2.weight")}
+
+    def as_bf16(a: np.ndarray) -> np.ndarray:  # round to nearest even, kept as float32
+        u = a.astype(np.float32).view(np.uint32)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+
+    halves = [names[: len(names) // 2], names[len(names) // 2:]]
+    index = {}
+    for i, part in enumerate(halves):
+        fn = f"model-{i + 1:05d}-of-00002.safetensors"
+        header, blobs, off = {}, [], 0
+        for n in part:
+            a = w[n]
+            if n in bf16:
+                raw, dt = (as_bf16(a).view(np.uint32) >> 16).astype(np.uint16).tobytes(), "BF16"
+            elif a.dtype == np.float16 or n.endswith("fc1.weight"):
+                raw, dt = a.astype(np.float16).tobytes(), "F16"
+            else:
+                raw, dt = a.astype(np.float32).tobytes(), "F32"
+            header[n] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+            blobs.append(raw)
+            off += len(raw)
+            index[n] = fn
+        h = json.dumps(header).encode()
+        (sh / fn).write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    (sh / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    out = import_opt(sh, tmp_path / "sharded.gguf", "f32")
+    w2 = {n: (as_bf16(a) if n in bf16 else a) for n, a in w.items()}
+    toks = [2, 50, 60, 70, 80]
+    ref = _hf_forward(w2, toks)
+    got = all_logits(out, toks, mode="dense")
+    assert float(np.sum((got - ref) ** 2) / np.sum(ref ** 2)) < 1e-6
+    pt = tmp_path / "torch"
+    pt.mkdir()
+    (pt / "config.json").write_bytes((d / "config.json").read_bytes())
+    (pt / "pytorch_model.bin").write_bytes(b"\x80\x02")
+    with pytest.raises(KairoxError, match="safetensors"):
+        import_opt(pt, tmp_path / "pt.gguf")
