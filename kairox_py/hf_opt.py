@@ -23,11 +23,10 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter, LlamaFileType, TokenType
-
 from rich.console import Console
 
 from .errors import KairoxError
-from .outputs import check_output_file
+from .outputs import atomic_file, check_output_file
 from .progress import make_progress
 
 ARCH = "opt"
@@ -224,8 +223,7 @@ def import_opt(src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
     tokens, types, merges, special = _vocab(src_p, n_vocab)
 
     mat_dt = np.float16 if dtype == "f16" else np.float32
-    tmp = out_p.with_name(f".{out_p.name}.tmp{os.getpid()}")
-    try:
+    with atomic_file(out_p) as tmp:
         w = GGUFWriter(tmp, ARCH)
         w.add_name(Path(cfg.get("_name_or_path", src_p.name)).name or "opt")
         w.add_context_length(cfg["max_position_embeddings"])
@@ -263,9 +261,5 @@ def import_opt(src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
                 w.write_tensor_data(np.ascontiguousarray(fn(st.get(hf)), dtype=mat_dt if is_mat else np.float32))
                 bar.advance(task)
         w.close()
-        os.replace(tmp, out_p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return out_p
 

@@ -7,7 +7,8 @@ delete files it did not write itself. Every command that writes goes through the
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import KairoxError
@@ -68,3 +69,18 @@ def check_output_dir(path: str | os.PathLike[str], owned: Iterable[str], command
             raise KairoxError(f"refusing to replace {p}: it holds files that `kairox {command}` did not "
                               f"write ({shown}); give a new or empty directory")
     return p
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """The temporary sibling to write `path` through: renamed over it when the block ends
+    normally, removed on any error or interruption, so a half-written file never takes the
+    place of `path`."""
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -24,6 +24,7 @@ from gguf import GGUFWriter
 
 from . import format as fmt
 from .errors import KairoxError
+from .outputs import atomic_file
 
 #: bumped whenever the weights a given shape/spec produces change, so that cached files are
 #: rewritten (2: zero-mean random codes)
@@ -227,8 +228,7 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
             mat(pred_down + ".weight", f, r, pred_qt, math.sqrt(2.0 / r))
             const(pred_down + ".bias", np.zeros(f, np.float32), QT.F32)
 
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:
+    with atomic_file(out) as tmp:
         w = GGUFWriter(tmp, arch)
         w.add_name(f"kairox-synthetic-{wtype}")
         w.add_context_length(shape.n_ctx)
@@ -274,10 +274,6 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         for _, _, _, _, make in tensors:
             w.write_tensor_data(make())  # type: ignore[operator]
         w.close()
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return out
 
 
