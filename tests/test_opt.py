@@ -6,7 +6,7 @@ the sparse paths must add to the selected neurons only (a neuron left out stays 
 the ReLU, where relu(b1) would not be), and which the converter permutes with the neurons. No OPT
 GGUF can be downloaded here: a small random-weight one is written with the gguf package
 (kairox_py.synthetic: LayerNorms, learned positions, fc1 biases with a negative mean as trained
-OPT models have), profiled, converted and run.
+OPT models have), profiled, converted and run, on the CPU and in the hybrid runtime.
 """
 from __future__ import annotations
 
@@ -124,16 +124,41 @@ def test_sparse_modes_skip_neurons(opt: Path, opt_kx: ConvertResult, tokens: lis
     assert bt < 1e-3 and (one.argmax(-1) == batch.argmax(-1)).mean() >= 0.9, bt
 
 
-def test_cats_and_hybrid_refused(opt: Path, opt_profile: Profile, opt_kx: ConvertResult) -> None:
-    """CATS needs a gate; the hybrid runtime does not split an up bias between its halves: both
-    are refused with a clear error, not run dense."""
+def test_cats_refused(opt: Path, opt_profile: Profile, opt_kx: ConvertResult) -> None:
     with pytest.raises(KairoxError, match="needs a gated FFN"):
         convert(opt, opt.parent / "cats.gguf", default_corpus("profile"), replace(OPTS, mode="cats"),
                 profile_dir=opt_profile.dir)
     assert not (opt.parent / "cats.gguf").exists()
-    with Model(opt_kx.output) as m:
-        with pytest.raises(KairoxError, match="up bias"):
-            m.session(ContextParams(n_ctx=64, mode="predictor", vram_budget_gib=1.0))
+    with Model(opt_kx.output) as m, pytest.raises(KairoxError):
+        m.session(ContextParams(n_ctx=64, mode="cats"))
+
+
+@pytest.mark.parametrize("share", [0.5, 1.0])
+def test_hybrid_runtime_matches_cpu_only(opt_kx: ConvertResult, tokens: list[int], share: float) -> None:
+    """The hybrid runtime (CPU stand-in device) with the up bias split between its halves, each
+    adding it to the neurons it computes: with half (or all) of the neuron groups cached, the
+    logits of the CPU-only sparse path and the same greedy tokens (each neuron, bias included,
+    computed once, on one side or the other)."""
+    toks = tokens[:24]
+
+    def run(**kw: object) -> tuple[np.ndarray, object]:
+        with Model(opt_kx.output) as m, m.session(ContextParams(n_ctx=256, n_threads=2, mode="predictor",
+                                                                **kw)) as s:  # type: ignore[arg-type]
+            s.decode(toks[:8])
+            out = [s.logits()]
+            for t in toks[8:]:
+                s.decode([t])
+                out.append(s.logits())
+            return np.stack(out), s.hybrid_info()
+
+    ref, _ = run()
+    got, info = run(vram_budget_gib=1.0)
+    assert info.n_slots == info.n_groups
+    if share < 1.0:
+        got, info = run(vram_budget_gib=(info.dense_bytes + share * info.cache_bytes) / 2**30)
+        assert 0 < info.n_slots < info.n_groups
+    assert (ref.argmax(-1) == got.argmax(-1)).all()
+    assert float(np.sum((ref - got) ** 2) / np.sum(ref ** 2)) < 1e-4
 
 
 def _opt_reference(path: Path, toks: list[int]) -> np.ndarray:
