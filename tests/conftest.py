@@ -167,3 +167,17 @@ def all_logits(path: Path, toks: list[int], **kw: object) -> np.ndarray:
         out = s.decode(toks, all_logits=True)
         assert out is not None
         return out
+
+
+def stepwise_logits(path: Path, toks: list[int], **kw: object) -> tuple[np.ndarray, object]:
+    """Predictor mode, the first 8 tokens as a prompt and then one token per decode: the logits
+    of each step (as generation sees them) and the session's hybrid_info (None on the CPU only);
+    kw: ContextParams fields (vram_budget_gib for the hybrid runtime)."""
+    with Model(path) as m, m.session(ContextParams(n_ctx=256, n_threads=2, mode="predictor",
+                                                   **kw)) as s:  # type: ignore[arg-type]
+        s.decode(toks[:8])
+        out = [s.logits()]
+        for t in toks[8:]:
+            s.decode([t])
+            out.append(s.logits())
+        return np.stack(out), s.hybrid_info()

@@ -18,7 +18,7 @@ import pytest
 from gguf import GGUFReader
 from conftest import SMALL_OPTS as OPTS
 from conftest import SMALL_SHAPE as SHAPE
-from conftest import all_logits, small_convert, small_profile, small_tokens
+from conftest import all_logits, small_convert, small_profile, small_tokens, stepwise_logits
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py.convert import ConvertResult, convert, open_input
@@ -141,21 +141,12 @@ def test_hybrid_runtime_matches_cpu_only(opt_kx: ConvertResult, tokens: list[int
     computed once, on one side or the other)."""
     toks = tokens[:24]
 
-    def run(**kw: object) -> tuple[np.ndarray, object]:
-        with Model(opt_kx.output) as m, m.session(ContextParams(n_ctx=256, n_threads=2, mode="predictor",
-                                                                **kw)) as s:  # type: ignore[arg-type]
-            s.decode(toks[:8])
-            out = [s.logits()]
-            for t in toks[8:]:
-                s.decode([t])
-                out.append(s.logits())
-            return np.stack(out), s.hybrid_info()
-
-    ref, _ = run()
-    got, info = run(vram_budget_gib=1.0)
+    ref, _ = stepwise_logits(opt_kx.output, toks)
+    got, info = stepwise_logits(opt_kx.output, toks, vram_budget_gib=1.0)
     assert info.n_slots == info.n_groups
     if share < 1.0:
-        got, info = run(vram_budget_gib=(info.dense_bytes + share * info.cache_bytes) / 2**30)
+        budget = (info.dense_bytes + share * info.cache_bytes) / 2**30
+        got, info = stepwise_logits(opt_kx.output, toks, vram_budget_gib=budget)
         assert 0 < info.n_slots < info.n_groups
     assert (ref.argmax(-1) == got.argmax(-1)).all()
     assert float(np.sum((ref - got) ** 2) / np.sum(ref ** 2)) < 1e-4
