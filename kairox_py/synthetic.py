@@ -120,6 +120,10 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+#: the architectures write_synthetic_llama writes
+SYNTHETIC_ARCHES = ("llama", "falcon", "opt", "qwen2", "qwen3", "gemma", "gemma2")
+
+
 def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = LlamaShape(),
                           wtype: str = "q4_0", sparse: SparseSpec | None = None,
                           seed: int = 0, group_size: int = 0, arch: str = "llama",
@@ -132,11 +136,13 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
     ungated GELU FFN in parallel on one norm): the converter's other FFN shape. arch "opt"
     writes an OPT model (LayerNorms, learned positions, biases on every projection, an ungated
     ReLU FFN whose up bias the sparse paths must add to the selected neurons only; multi-head
-    attention, so n_head_kv is n_head). activation ("relu", ...) writes kairox.activation, as a
-    ReLU-fied llama's GGUF carries it.
+    attention, so n_head_kv is n_head). The other gated architectures the converter accepts are
+    llama's tensors with their differences: qwen2 (q/k/v biases), qwen3 (q/k norms), gemma (the
+    output tied to the embedding, GELU) and gemma2 (also post-attention and post-FFN norms).
+    activation ("relu", ...) writes kairox.activation, as a ReLU-fied llama's GGUF carries it.
     """
-    if arch not in ("llama", "falcon", "opt"):
-        raise KairoxError(f"synthetic models are llama, falcon or opt, not {arch!r}")
+    if arch not in SYNTHETIC_ARCHES:
+        raise KairoxError(f"synthetic models are {', '.join(SYNTHETIC_ARCHES)}, not {arch!r}")
     if wtype not in ("q4_0", "q8_0", "f16"):
         raise KairoxError("synthetic weights must be q4_0, q8_0 or f16")
     qt = _TYPES[wtype]
@@ -180,7 +186,9 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
     ones("output_norm.weight", e)
     if falcon or opt:
         zeros("output_norm.bias", e)
-    mat("output.weight", shape.n_vocab, e, qt, 1.0 / math.sqrt(e))
+    gemma = arch in ("gemma", "gemma2")
+    if not gemma:  # gemma's output is the token embedding
+        mat("output.weight", shape.n_vocab, e, qt, 1.0 / math.sqrt(e))
     pred_qt = _TYPES[sparse.pred_type] if sparse else qt
     for i in range(L):
         p = f"blk.{i}."
@@ -193,11 +201,17 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
                 vec(p + "attn_norm.bias", e, 0.05)
             for proj, rows in (("attn_q", e), ("attn_k", kv), ("attn_v", kv)):
                 mat(p + proj + ".weight", rows, e, qt, 1.0 / math.sqrt(e))
-                if opt:
+                if opt or arch == "qwen2":
                     vec(p + proj + ".bias", rows, 0.05)
+            if arch == "qwen3":
+                ones(p + "attn_q_norm.weight", head_dim)
+                ones(p + "attn_k_norm.weight", head_dim)
         mat(p + "attn_output.weight", e, e, qt, 0.5 / math.sqrt(e))
         if opt:
             vec(p + "attn_output.bias", e, 0.05)
+        if arch == "gemma2":
+            ones(p + "post_attention_norm.weight", e)
+            ones(p + "post_ffw_norm.weight", e)
         if not falcon:
             ones(p + "ffn_norm.weight", e)
             if opt:
