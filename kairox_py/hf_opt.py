@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -143,43 +143,67 @@ def _vocab(src: Path, n_vocab: int) -> tuple[list[str], list[int], list[str], di
     return tokens, types, merges, special
 
 
-# (HF name under model.decoder.layers.N., GGUF name under blk.N., matrix)
+# (HF name under model.decoder.layers.N., GGUF name under blk.N., shape in terms of e = hidden_size
+# and f = ffn_dim); 2-D tensors are matrices (written in the chosen type), 1-D ones in F32
 _LAYER_TENSORS = [
-    ("self_attn_layer_norm.weight", "attn_norm.weight", False),
-    ("self_attn_layer_norm.bias", "attn_norm.bias", False),
-    ("self_attn.q_proj.weight", "attn_q.weight", True),
-    ("self_attn.q_proj.bias", "attn_q.bias", False),
-    ("self_attn.k_proj.weight", "attn_k.weight", True),
-    ("self_attn.k_proj.bias", "attn_k.bias", False),
-    ("self_attn.v_proj.weight", "attn_v.weight", True),
-    ("self_attn.v_proj.bias", "attn_v.bias", False),
-    ("self_attn.out_proj.weight", "attn_output.weight", True),
-    ("self_attn.out_proj.bias", "attn_output.bias", False),
-    ("final_layer_norm.weight", "ffn_norm.weight", False),
-    ("final_layer_norm.bias", "ffn_norm.bias", False),
-    ("fc1.weight", "ffn_up.weight", True),
-    ("fc1.bias", "ffn_up.bias", False),
-    ("fc2.weight", "ffn_down.weight", True),
-    ("fc2.bias", "ffn_down.bias", False),
+    ("self_attn_layer_norm.weight", "attn_norm.weight", "e"),
+    ("self_attn_layer_norm.bias", "attn_norm.bias", "e"),
+    ("self_attn.q_proj.weight", "attn_q.weight", "ee"),
+    ("self_attn.q_proj.bias", "attn_q.bias", "e"),
+    ("self_attn.k_proj.weight", "attn_k.weight", "ee"),
+    ("self_attn.k_proj.bias", "attn_k.bias", "e"),
+    ("self_attn.v_proj.weight", "attn_v.weight", "ee"),
+    ("self_attn.v_proj.bias", "attn_v.bias", "e"),
+    ("self_attn.out_proj.weight", "attn_output.weight", "ee"),
+    ("self_attn.out_proj.bias", "attn_output.bias", "e"),
+    ("final_layer_norm.weight", "ffn_norm.weight", "e"),
+    ("final_layer_norm.bias", "ffn_norm.bias", "e"),
+    ("fc1.weight", "ffn_up.weight", "fe"),
+    ("fc1.bias", "ffn_up.bias", "f"),
+    ("fc2.weight", "ffn_down.weight", "ef"),
+    ("fc2.bias", "ffn_down.bias", "e"),
 ]
 
 
-def _plan(st: SafeTensors, cfg: dict) -> Iterator[tuple[str, str, Callable[[np.ndarray], np.ndarray], bool]]:
-    """(GGUF name, HF name, transform, matrix) of every tensor to write, in file order."""
+@dataclass(frozen=True)
+class _Tensor:
+    gguf: str
+    hf: str
+    shape: tuple[int, ...]  # the checkpoint's
+    skip_rows: int = 0      # leading rows not written (HF's position offset)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.shape[0] - self.skip_rows, *self.shape[1:])
+
+
+def _plan(st: SafeTensors, cfg: dict) -> list[_Tensor]:
+    """Every tensor to write, in file order, with the shape config.json implies for it."""
     names = set(st.names())
     prefix = next((p for p in ("model.decoder.", "decoder.") if p + "embed_tokens.weight" in names), None)
     if prefix is None:
         raise KairoxError("the checkpoint has no decoder.embed_tokens.weight: not an OPT model")
-    keep: Callable[[np.ndarray], np.ndarray] = lambda a: a  # noqa: E731
-    yield "token_embd.weight", prefix + "embed_tokens.weight", keep, True
-    yield "position_embd.weight", prefix + "embed_positions.weight", lambda a: a[POSITION_OFFSET:], True
+    dims = {"e": cfg["hidden_size"], "f": cfg["ffn_dim"]}
+    e = dims["e"]
+    n_vocab = st.shape(prefix + "embed_tokens.weight")[0]
+    plan = [_Tensor("token_embd.weight", prefix + "embed_tokens.weight", (n_vocab, e)),
+            _Tensor("position_embd.weight", prefix + "embed_positions.weight",
+                    (cfg["max_position_embeddings"] + POSITION_OFFSET, e), POSITION_OFFSET)]
     for i in range(cfg["num_hidden_layers"]):
-        for hf, gg, is_mat in _LAYER_TENSORS:
-            yield f"blk.{i}.{gg}", f"{prefix}layers.{i}.{hf}", keep, is_mat
-    yield "output_norm.weight", prefix + "final_layer_norm.weight", keep, False
-    yield "output_norm.bias", prefix + "final_layer_norm.bias", keep, False
-    if "lm_head.weight" in names:
-        yield "output.weight", "lm_head.weight", keep, True  # dropped below when tied
+        plan += [_Tensor(f"blk.{i}.{gg}", f"{prefix}layers.{i}.{hf}", tuple(dims[d] for d in shape))
+                 for hf, gg, shape in _LAYER_TENSORS]
+    plan += [_Tensor("output_norm.weight", prefix + "final_layer_norm.weight", (e,)),
+             _Tensor("output_norm.bias", prefix + "final_layer_norm.bias", (e,))]
+    # lm_head: written only if it differs from the token embedding (tied in every OPT)
+    if "lm_head.weight" in names and not np.array_equal(st.get("lm_head.weight"), st.get(plan[0].hf)):
+        plan.append(_Tensor("output.weight", "lm_head.weight", (n_vocab, e)))
+    missing = [t.hf for t in plan if t.hf not in names]
+    if missing:
+        raise KairoxError(f"the checkpoint lacks {len(missing)} tensor(s), e.g. {missing[0]}")
+    for t in plan:
+        if st.shape(t.hf) != t.shape:
+            raise KairoxError(f"{t.hf} has shape {st.shape(t.hf)}, expected {t.shape} from config.json")
+    return plan
 
 
 def import_opt(src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: str = "f16",
@@ -196,30 +220,9 @@ def import_opt(src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
     check_output_file(out_p)
     cfg = _read_config(src_p)
     st = SafeTensors(_checkpoint_files(src_p))
-    plan = list(_plan(st, cfg))
+    plan = _plan(st, cfg)
     e, f, n_layer = cfg["hidden_size"], cfg["ffn_dim"], cfg["num_hidden_layers"]
-    n_vocab = st.shape(plan[0][1])[0]
-    expect = {
-        "token_embd.weight": (n_vocab, e),
-        "position_embd.weight": (cfg["max_position_embeddings"] + POSITION_OFFSET, e),
-        "output.weight": (n_vocab, e),
-    }
-    missing = [hf for _, hf, _, _ in plan if hf not in st.names()]
-    if missing:
-        raise KairoxError(f"the checkpoint lacks {len(missing)} tensor(s), e.g. {missing[0]}")
-    for gg, hf, _, _ in plan:
-        want = expect.get(gg)
-        if want is None and gg.startswith("blk."):
-            kind = gg.split(".", 2)[2]
-            want = {"ffn_up.weight": (f, e), "ffn_up.bias": (f,), "ffn_down.weight": (e, f)}.get(
-                kind, (e, e) if kind.endswith("weight") and not kind.endswith("norm.weight") else (e,))
-        if want is None:
-            want = (e,)
-        if st.shape(hf) != want:
-            raise KairoxError(f"{hf} has shape {st.shape(hf)}, expected {want} from config.json")
-    # tied output: written only if lm_head differs from the token embedding (it never does in OPT)
-    if plan[-1][0] == "output.weight" and np.array_equal(st.get(plan[-1][1]), st.get(plan[0][1])):
-        plan.pop()
+    n_vocab = plan[0].shape[0]
     tokens, types, merges, special = _vocab(src_p, n_vocab)
 
     mat_dt = np.float16 if dtype == "f16" else np.float32
@@ -248,17 +251,18 @@ def import_opt(src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
             w.add_pad_token_id(special["pad"])
         if "unk" in special:
             w.add_unk_token_id(special["unk"])
-        for gg, hf, fn, is_mat in plan:
-            shape = fn(np.empty(st.shape(hf), dtype=np.uint8)).shape
-            dt = np.dtype(mat_dt if is_mat else np.float32)
-            w.add_tensor_info(gg, shape, dt, int(np.prod(shape)) * dt.itemsize)
+        def dtype_of(t: _Tensor) -> np.dtype:
+            return np.dtype(mat_dt if len(t.shape) == 2 else np.float32)
+
+        for t in plan:
+            w.add_tensor_info(t.gguf, t.out_shape, dtype_of(t), int(np.prod(t.out_shape)) * dtype_of(t).itemsize)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         with make_progress(console) as bar:
             task = bar.add_task("writing tensors", total=len(plan))
-            for _gg, hf, fn, is_mat in plan:
-                w.write_tensor_data(np.ascontiguousarray(fn(st.get(hf)), dtype=mat_dt if is_mat else np.float32))
+            for t in plan:
+                w.write_tensor_data(np.ascontiguousarray(st.get(t.hf)[t.skip_rows:], dtype=dtype_of(t)))
                 bar.advance(task)
         w.close()
     return out_p
