@@ -53,7 +53,7 @@ from .profile import (
     magnitude_quantile,
     open_or_run_profile,
 )
-from .outputs import check_output_file
+from .outputs import atomic_file, check_output_file
 from .progress import make_progress
 from .quant import check_quantizable, dequantize, ggml_type, quantize, row_nbytes
 from .selftext import with_self_text
@@ -411,8 +411,7 @@ def write_gguf(reader: GGUFReader, arch: str, out: Path,
                plan: list[_NewTensor], console: Console | None, skip_keys: frozenset[str] = frozenset()) -> int:
     """Write atomically: a temporary file beside `out`, renamed when complete. The metadata is
     `reader`'s (but `skip_keys`) followed by `kv`."""
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    try:
+    with atomic_file(out) as tmp:
         writer = GGUFWriter(tmp, arch)
         _copy_metadata(reader, writer, skip_keys)
         for key, val, vtype, sub in kv:
@@ -434,11 +433,7 @@ def write_gguf(reader: GGUFReader, arch: str, out: Path,
                 bar.advance(task)
         writer.close()
         size = tmp.stat().st_size
-        os.replace(tmp, out)
-        return size
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    return size
 
 
 def rewrite_metadata(reader: GGUFReader, path: Path,

@@ -98,7 +98,7 @@ def _nll_and_argmax(logits: np.ndarray, tokens: Sequence[int]) -> tuple[float, i
     return nll, len(target), logits[:-1].argmax(axis=1)
 
 
-def _pred_overhead(model_path: Path, n_embd: int, n_ff: int, n_proj: int = 3) -> float:
+def _pred_overhead(model_path: Path, n_embd: int, n_ff: int, n_proj: int) -> float:
     """Predictor MACs as a share of the dense FFN's n_proj projections (mean over layers with a
     predictor)."""
     from gguf import GGUFReader
@@ -152,20 +152,15 @@ def evaluate(setting: EvalSetting, chunks: list[list[int]], *, threads: int | No
                 active = float(np.mean([x.active_fraction for x in st]))
                 pf = [x.predicted_fraction for x in st]
                 predicted = float(np.mean(pf)) if not any(math.isnan(v) for v in pf) else float("nan")
-                if model.metadata.get("general.architecture", "") in UNGATED_ARCHES:
-                    # up and down only (CATS needs a gate)
-                    if mode == "threshold":
-                        work = (1.0 + active) / 2.0
-                    else:
-                        work = (predicted + active) / 2.0 + _pred_overhead(
-                            path, model.n_embd, model.n_ff, n_proj=2)
-                elif mode == "threshold":
-                    work = (2.0 + active) / 3.0
+                # projections before the activation: gate and up, or up alone (ungated; no CATS)
+                n_in = 1 if model.arch in UNGATED_ARCHES else 2
+                if mode == "threshold":
+                    work = (n_in + active) / (n_in + 1)
                 elif mode == "cats":
                     work = (1.0 + predicted + active) / 3.0
                 else:
-                    work = (2.0 * predicted + active) / 3.0 + _pred_overhead(
-                        path, model.n_embd, model.n_ff)
+                    work = (n_in * predicted + active) / (n_in + 1) + _pred_overhead(
+                        path, model.n_embd, model.n_ff, n_proj=n_in + 1)
     res = EvalResult(label=setting.label or path.name, model=str(path), mode=mode,
                      threshold_scale=setting.threshold_scale,
                      pred_threshold=setting.pred_threshold, tokens=n_sum,

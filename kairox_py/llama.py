@@ -171,10 +171,15 @@ class Model:
     def n_embd(self) -> int:
         return int(self._lib.llama_model_n_embd(self.ptr))
 
+    @property
+    def arch(self) -> str:
+        """The GGUF's general.architecture ("" if it has none)."""
+        return self.metadata.get("general.architecture", "")
+
     @functools.cached_property
     def n_ff(self) -> int:
         """FFN width (neurons per layer), from `<arch>.feed_forward_length`."""
-        arch = self.metadata.get("general.architecture", "")
+        arch = self.arch
         v = self.metadata.get(f"{arch}.feed_forward_length")
         if v is None or not v.strip().isdigit():
             raise KairoxError(f"the model has no single {arch}.feed_forward_length")

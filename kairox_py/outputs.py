@@ -77,7 +77,7 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
     normally, removed on any error or interruption, so a half-written file never takes the
     place of `path`."""
     out = Path(path)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         yield tmp
         os.replace(tmp, out)

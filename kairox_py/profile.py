@@ -150,7 +150,7 @@ def magnitude_quantile(mag: np.ndarray, q: float) -> float:
 
 def check_model_supported(model: Model) -> str:
     """The architecture name; KairoxError if the converter/profiler does not support it."""
-    arch = model.metadata.get("general.architecture", "")
+    arch = model.arch
     if arch not in SUPPORTED_ARCHES:
         raise KairoxError(f"unsupported architecture '{arch}' (supported: "
                           f"{', '.join(sorted(SUPPORTED_ARCHES))})")
@@ -239,7 +239,7 @@ def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: 
              total: int, ctx: int, threads: int | None, console: Console | None,
              activation: str = "model") -> None:
     n_layer = model.n_layer
-    input_kind = ffn_input_kind(model.metadata.get("general.architecture", ""))
+    input_kind = ffn_input_kind(model.arch)
     with Profiler(model, ctx, kinds=(input_kind, "hidden")) as prof, \
             model.session(ContextParams(n_ctx=ctx, n_batch=ctx, mode="dense", profiler=prof,
                                         n_threads=threads, activation=activation)) as s, \

@@ -120,8 +120,34 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """How an architecture's tensors differ from llama's (RMS norms, separate q/k/v, gated FFN,
+    no biases, an output matrix of its own)."""
+
+    layer_norm: bool = False   # LayerNorms (with zero biases unless `biases`)
+    biases: bool = False       # a random bias on every norm and projection (OPT)
+    qkv_bias: bool = False     # q/k/v biases
+    fused_qkv: bool = False    # one attn_qkv (Falcon)
+    qk_norm: bool = False      # q/k norms (Qwen3)
+    post_norms: bool = False   # post-attention and post-FFN norms (Gemma 2)
+    tied_output: bool = False  # the output is the token embedding (Gemma)
+    parallel_ffn: bool = False  # the FFN reads the attention's norm: no FFN norm, no gate (Falcon)
+    learned_pos: bool = False  # learned absolute positions, multi-head attention, no RoPE (OPT)
+
+
+_LAYOUTS = {
+    "llama": _Layout(),
+    "falcon": _Layout(layer_norm=True, fused_qkv=True, parallel_ffn=True),
+    "opt": _Layout(layer_norm=True, biases=True, qkv_bias=True, learned_pos=True),
+    "qwen2": _Layout(qkv_bias=True),
+    "qwen3": _Layout(qk_norm=True),
+    "gemma": _Layout(tied_output=True),
+    "gemma2": _Layout(tied_output=True, post_norms=True),
+}
+
 #: the architectures write_synthetic_llama writes
-SYNTHETIC_ARCHES = ("llama", "falcon", "opt", "qwen2", "qwen3", "gemma", "gemma2")
+SYNTHETIC_ARCHES = tuple(_LAYOUTS)
 
 
 def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = LlamaShape(),
@@ -131,14 +157,11 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
     """Write a random-weight llama GGUF (with Kairox data when `sparse` is given), atomically.
 
     group_size > 0 also declares neuron groups of that size (no profiled frequencies), which
-    the hybrid runtime needs; the benchmark files do without. arch "falcon" writes the same
-    shapes as a Falcon model instead (layer norms with biases, fused QKV, attention and an
-    ungated GELU FFN in parallel on one norm): the converter's other FFN shape. arch "opt"
-    writes an OPT model (LayerNorms, learned positions, biases on every projection, an ungated
-    ReLU FFN whose up bias the sparse paths must add to the selected neurons only; multi-head
-    attention, so n_head_kv is n_head). The other gated architectures the converter accepts are
-    llama's tensors with their differences: qwen2 (q/k/v biases), qwen3 (q/k norms), gemma (the
-    output tied to the embedding, GELU) and gemma2 (also post-attention and post-FFN norms).
+    the hybrid runtime needs; the benchmark files do without. arch: llama or another
+    architecture the converter accepts, as llama's tensors with that architecture's differences
+    (_LAYOUTS): Falcon's parallel, ungated GELU FFN; OPT's biases (its fc1 bias, which the sparse
+    paths must add to the selected neurons only) and learned positions; Qwen2's q/k/v biases,
+    Qwen3's q/k norms, Gemma's tied output and Gemma 2's post norms.
     activation ("relu", ...) writes kairox.activation, as a ReLU-fied llama's GGUF carries it.
     """
     if arch not in SYNTHETIC_ARCHES:
@@ -156,8 +179,10 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
     rng = np.random.default_rng(seed)
     e, f, L = shape.n_embd, shape.n_ff, shape.n_layer
     head_dim = e // shape.n_head
-    opt = arch == "opt"
-    kv = e if opt else head_dim * shape.n_head_kv
+    lay = _LAYOUTS[arch]
+    n_head_kv = shape.n_head if lay.learned_pos else shape.n_head_kv
+    kv = head_dim * n_head_kv
+    gated = not (lay.parallel_ffn or lay.biases)  # Falcon's and OPT's FFNs have no gate
 
     # (name, rows, cols, type, maker) in file order; makers run while writing, one at a time
     tensors: list[tuple[str, int, int, QT, object]] = []
@@ -179,51 +204,51 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         tensors.append((name, 1, n, QT.F32,
                         lambda: (mean + std * rng.standard_normal((1, n))).astype(np.float32).view(np.uint8)))
 
-    falcon = arch == "falcon"
+    def norm(name: str, n: int) -> None:
+        ones(name + ".weight", n)
+        if lay.biases:
+            vec(name + ".bias", n, 0.05)
+        elif lay.layer_norm:
+            zeros(name + ".bias", n)
+
     mat("token_embd.weight", shape.n_vocab, e, qt, 1.0)
-    if opt:
+    if lay.learned_pos:
         mat("position_embd.weight", shape.n_ctx, e, QT.F32, 0.1)
     ones("output_norm.weight", e)
-    if falcon or opt:
+    if lay.layer_norm:
         zeros("output_norm.bias", e)
-    gemma = arch in ("gemma", "gemma2")
-    if not gemma:  # gemma's output is the token embedding
+    if not lay.tied_output:
         mat("output.weight", shape.n_vocab, e, qt, 1.0 / math.sqrt(e))
     pred_qt = _TYPES[sparse.pred_type] if sparse else qt
     for i in range(L):
         p = f"blk.{i}."
-        ones(p + "attn_norm.weight", e)
-        if falcon:
-            zeros(p + "attn_norm.bias", e)
+        norm(p + "attn_norm", e)
+        if lay.fused_qkv:
             mat(p + "attn_qkv.weight", e + 2 * kv, e, qt, 1.0 / math.sqrt(e))
         else:
-            if opt:
-                vec(p + "attn_norm.bias", e, 0.05)
             for proj, rows in (("attn_q", e), ("attn_k", kv), ("attn_v", kv)):
                 mat(p + proj + ".weight", rows, e, qt, 1.0 / math.sqrt(e))
-                if opt or arch == "qwen2":
+                if lay.qkv_bias:
                     vec(p + proj + ".bias", rows, 0.05)
-            if arch == "qwen3":
+            if lay.qk_norm:
                 ones(p + "attn_q_norm.weight", head_dim)
                 ones(p + "attn_k_norm.weight", head_dim)
         mat(p + "attn_output.weight", e, e, qt, 0.5 / math.sqrt(e))
-        if opt:
+        if lay.biases:
             vec(p + "attn_output.bias", e, 0.05)
-        if arch == "gemma2":
+        if lay.post_norms:
             ones(p + "post_attention_norm.weight", e)
             ones(p + "post_ffw_norm.weight", e)
-        if not falcon:
-            ones(p + "ffn_norm.weight", e)
-            if opt:
-                vec(p + "ffn_norm.bias", e, 0.05)
-            else:
-                mat(p + "ffn_gate.weight", f, e, qt, 1.0 / math.sqrt(e))
+        if not lay.parallel_ffn:
+            norm(p + "ffn_norm", e)
+        if gated:
+            mat(p + "ffn_gate.weight", f, e, qt, 1.0 / math.sqrt(e))
         mat(p + "ffn_up.weight", f, e, qt, 1.0 / math.sqrt(e))
-        if opt:
+        if lay.biases:
             # a negative mean, as trained OPT fc1 biases have: most neurons below ReLU's zero
             vec(p + "ffn_up.bias", f, 0.3, -0.3)
         mat(p + "ffn_down.weight", e, f, qt, 0.5 / math.sqrt(f))
-        if opt:
+        if lay.biases:
             vec(p + "ffn_down.bias", e, 0.05)
         if sparse is None:
             continue
@@ -250,10 +275,10 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         w.add_block_count(L)
         w.add_feed_forward_length(f)
         w.add_head_count(shape.n_head)
-        w.add_head_count_kv(shape.n_head if opt else shape.n_head_kv)
-        if not opt:
+        w.add_head_count_kv(n_head_kv)
+        if not lay.learned_pos:
             w.add_rope_dimension_count(head_dim)
-        if falcon or opt:
+        if lay.layer_norm:
             w.add_layer_norm_eps(1e-5)
         else:
             w.add_layer_norm_rms_eps(1e-5)

@@ -421,7 +421,7 @@ def _generate(model: Model, prompt: list[int], n_steps: int, opts: TraceOptions,
     inputs = np.empty((n_steps, n_layer, model.n_embd), np.float32)
     hidden = np.empty((n_steps, n_layer, model.n_ff), np.float32)
     toks = np.empty(n_steps, np.int32)
-    input_kind = fmt.ffn_input_kind(model.metadata.get("general.architecture", ""))
+    input_kind = fmt.ffn_input_kind(model.arch)
     with Profiler(model, max(len(prompt), 1), kinds=(input_kind, "hidden")) as prof, \
             model.session(ContextParams(n_ctx=n_ctx, n_batch=max(len(prompt), 8), mode="dense",
                                         profiler=prof, n_threads=opts.threads)) as s:

@@ -76,7 +76,7 @@ def _run(model: Model, prompt: list[int], steps: int, budget_gib: float, policy:
     n_ctx = len(prompt) + steps + 8
     inputs: list[np.ndarray] = []
     toks: list[int] = []
-    kind = ffn_input_kind(model.metadata.get("general.architecture", ""))
+    kind = ffn_input_kind(model.arch)
     with Profiler(model, max(len(prompt), 1), kinds=(kind,)) as prof, \
             _session(model, n_ctx, max(len(prompt), 8), budget_gib, policy, prof, threads) as s:
         s.decode(prompt)

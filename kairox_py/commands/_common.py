@@ -1,12 +1,25 @@
 """Helpers shared by subcommands: where the model comes from, where chatter goes."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 
+from .._lib import KAIROX_ACTIVATIONS
 from ..default_model import ensure_model
+
+
+def activation_option(what: str) -> Callable[[Any], Any]:
+    """--activation, as every command that runs the FFN takes it; `what` says what the command
+    does with it."""
+    return click.option("--activation", type=click.Choice(list(KAIROX_ACTIVATIONS)), default="model",
+                        show_default=True,
+                        help=f"The FFN activation {what}: model (its kairox.activation, else its "
+                             "architecture's) or an override (relu: a ReLU-fied llama, ProSparse/Bamboo/"
+                             "ReluLLaMA, whose GGUF says llama).")
 
 
 def stderr_console() -> Console:

@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .._lib import KAIROX_ACTIVATIONS
 from ..calibrate import measure, write_share
 from ..convert import (
     DEFAULT_DOWN_TYPE,
@@ -33,7 +32,7 @@ from ..predictor import TrainConfig
 from ..profile import DEFAULT_TOKENS
 from ..quant import WRITABLE_TYPES
 from ..report import write_layer_report
-from ._common import stderr_console
+from ._common import activation_option, stderr_console
 
 
 def _given(param: str) -> bool:
@@ -63,11 +62,7 @@ def _given(param: str) -> bool:
               default=DEFAULT_DOWN_TYPE, show_default=True, help="ggml type of ffn_down_t.")
 @click.option("--mode", type=click.Choice(MODES), default=DEFAULT_MODE, show_default=True,
               help="The model's default sparse mode (kairox.mode).")
-@click.option("--activation", type=click.Choice(list(KAIROX_ACTIVATIONS)), default="model",
-              show_default=True,
-              help="The FFN activation: model (its kairox.activation, else its architecture's) or an "
-                   "override, profiled with and written as kairox.activation (relu: a ReLU-fied llama, "
-                   "ProSparse/Bamboo/ReluLLaMA, whose GGUF says llama).")
+@activation_option("profiled with and written as kairox.activation")
 @click.option("--no-predictor", is_flag=True, help="Do not train predictors.")
 @click.option("--no-reorder", is_flag=True, help="Keep the original neuron order.")
 @click.option("--epochs", type=click.IntRange(min=1), default=TrainConfig.epochs,

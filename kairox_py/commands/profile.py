@@ -6,13 +6,12 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .._lib import KAIROX_ACTIVATIONS
 from ..corpus import load_corpus
 from ..profile import DEFAULT_CTX, DEFAULT_TOKENS, run_profile
 from ..selftext import with_self_text
 from ..outputs import check_output_dir
 from ..traces import DEFAULT_STEPS, TRACE_FILES, TraceOptions
-from ._common import resolve_model, stderr_console
+from ._common import activation_option, resolve_model, stderr_console
 from .trace import run_trace
 
 
@@ -29,10 +28,7 @@ from .trace import run_trace
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
 @click.option("--sparsity", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.5,
               show_default=True, help="Sparsity for the summary's thresholds.")
-@click.option("--activation", type=click.Choice(list(KAIROX_ACTIVATIONS)), default="model",
-              show_default=True,
-              help="The FFN activation to run: model (its kairox.activation, else its architecture's) "
-                   "or an override (relu: a ReLU-fied llama whose GGUF says llama).")
+@activation_option("to profile with")
 @click.option("--self-text", "self_text", type=click.IntRange(min=0), default=0, show_default=True,
               help="Also profile this many tokens of the model's own sampled answers to a varied "
                    "prompt set, half and half with the corpus (cached).")

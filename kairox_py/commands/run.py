@@ -12,7 +12,7 @@ from .. import _lib
 from ..hybrid import POLICIES, VRAM_AUTO
 from ..gguf_info import inspect_gguf
 from ..llama import MAX_THREADS, Model, SamplingParams, Session, default_threads, has_gpu
-from ._common import resolve_model, stderr_console
+from ._common import activation_option, resolve_model, stderr_console
 
 CTX_ROUND = 256  # automatic context sizes are rounded up to this
 
@@ -90,9 +90,7 @@ def _ffn_on_host(path: str, dense: bool, vram_budget: float) -> bool:
               help="Share of active neurons above which the sparse down projection reads ffn_down "
                    "in order (0: always, >= 1: never; default: the model's, from kairox calibrate, "
                    "else a built-in crossover per weight type).")
-@click.option("--activation", type=click.Choice(list(_lib.KAIROX_ACTIVATIONS)), default="model", show_default=True,
-              help="The FFN activation on every path: model (its kairox.activation, else its architecture's) "
-                   "or an override (relu: a ReLU-fied llama whose GGUF says llama, before conversion).")
+@activation_option("on every path")
 @click.option("--mmap/--no-mmap", "use_mmap", default=False, show_default=True,
               help="Map the GGUF file instead of reading it into huge-page-backed memory "
                    "(faster start; sparse rows are read more slowly from a mapping).")
