@@ -39,13 +39,20 @@ def _byte_tokens() -> list[str]:
     return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
-def _write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """`a` rounded to bfloat16 (to nearest even), kept as float32."""
+    u = a.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+
+
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtypes: dict[str, str] | None = None) -> None:
+    """A .safetensors file of `tensors`, each stored as dtypes[name] (F32, F16 or BF16; default:
+    F16 for float16 arrays, else F32)."""
     header, blobs, off = {}, [], 0
     for name, a in tensors.items():
-        if a.dtype == np.float16:
-            dt, raw = "F16", a.tobytes()
-        else:
-            dt, raw = "F32", a.astype(np.float32).tobytes()
+        dt = (dtypes or {}).get(name, "F16" if a.dtype == np.float16 else "F32")
+        raw = {"F32": lambda: a.astype(np.float32).tobytes(), "F16": lambda: a.astype(np.float16).tobytes(),
+               "BF16": lambda: (_bf16(a).view(np.uint32) >> 16).astype(np.uint16).tobytes()}[dt]()
         header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
@@ -201,34 +208,15 @@ def test_shards_and_bf16(hf_dir: tuple[Path, dict[str, np.ndarray]], tmp_path: P
     for f in ("config.json", "vocab.json", "merges.txt"):
         (sh / f).write_bytes((d / f).read_bytes())
     names = sorted(w)
-    bf16 = {n for n in names if n.endswith("fc2.weight")}
-
-    def as_bf16(a: np.ndarray) -> np.ndarray:  # round to nearest even, kept as float32
-        u = a.astype(np.float32).view(np.uint32)
-        return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
-
-    halves = [names[: len(names) // 2], names[len(names) // 2:]]
+    dtypes = {n: "BF16" if n.endswith("fc2.weight") else "F16" for n in names if n.endswith(("fc1.weight", "fc2.weight"))}
     index = {}
-    for i, part in enumerate(halves):
+    for i, part in enumerate([names[: len(names) // 2], names[len(names) // 2:]]):
         fn = f"model-{i + 1:05d}-of-00002.safetensors"
-        header, blobs, off = {}, [], 0
-        for n in part:
-            a = w[n]
-            if n in bf16:
-                raw, dt = (as_bf16(a).view(np.uint32) >> 16).astype(np.uint16).tobytes(), "BF16"
-            elif a.dtype == np.float16 or n.endswith("fc1.weight"):
-                raw, dt = a.astype(np.float16).tobytes(), "F16"
-            else:
-                raw, dt = a.astype(np.float32).tobytes(), "F32"
-            header[n] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
-            blobs.append(raw)
-            off += len(raw)
-            index[n] = fn
-        h = json.dumps(header).encode()
-        (sh / fn).write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+        _write_safetensors(sh / fn, {n: w[n] for n in part}, dtypes)
+        index.update({n: fn for n in part})
     (sh / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
     out = import_opt(sh, tmp_path / "sharded.gguf", "f32")
-    w2 = {n: (as_bf16(a) if n in bf16 else a) for n, a in w.items()}
+    w2 = {n: (_bf16(a) if dtypes.get(n) == "BF16" else a) for n, a in w.items()}
     toks = [2, 50, 60, 70, 80]
     ref = _hf_forward(w2, toks)
     got = all_logits(out, toks, mode="dense")
