@@ -251,6 +251,7 @@ def import_opt(src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
             w.add_pad_token_id(special["pad"])
         if "unk" in special:
             w.add_unk_token_id(special["unk"])
+
         def dtype_of(t: _Tensor) -> np.dtype:
             return np.dtype(mat_dt if len(t.shape) == 2 else np.float32)
 
