@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ import numpy as np
 from gguf import (
     GGML_QUANT_SIZES,
     GGMLQuantizationType,
+    GGUFEndian,
     GGUFReader,
     GGUFValueType,
     GGUFWriter,
@@ -256,7 +257,7 @@ def cats_thresholds(inp: InputModel, prof: Profile, sparsity: float, activation:
 # writing
 # ---------------------------------------------------------------------------------------
 @dataclass
-class _NewTensor:
+class NewTensor:
     name: str
     shape: tuple[int, ...]  # numpy shape of `make()`'s result
     dtype: Any
@@ -278,15 +279,15 @@ def _constant(arr: np.ndarray) -> Callable[[], np.ndarray]:
     return lambda: arr
 
 
-def _input_tensor(t: ReaderTensor, perm: np.ndarray | None = None) -> _NewTensor:
+def _input_tensor(t: ReaderTensor, perm: np.ndarray | None = None) -> NewTensor:
     """A tensor of the input written again (its rows in `perm` order, if given)."""
     data = t.data
     raw = None if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) else t.tensor_type
-    return _NewTensor(t.name, tuple(data.shape), data.dtype, int(data.nbytes), raw, _rows(data, perm))
+    return NewTensor(t.name, tuple(data.shape), data.dtype, int(data.nbytes), raw, _rows(data, perm))
 
 
-def _array_tensor(name: str, arr: np.ndarray) -> _NewTensor:
-    return _NewTensor(name, arr.shape, arr.dtype, arr.nbytes, None, _constant(arr))
+def _array_tensor(name: str, arr: np.ndarray) -> NewTensor:
+    return NewTensor(name, arr.shape, arr.dtype, arr.nbytes, None, _constant(arr))
 
 
 def _rows(data: np.ndarray, perm: np.ndarray | None) -> Callable[[], np.ndarray]:
@@ -301,7 +302,7 @@ def _rows(data: np.ndarray, perm: np.ndarray | None) -> Callable[[], np.ndarray]
     return lambda: np.ascontiguousarray(np.asarray(data)[perm])
 
 
-def _pred_matrix(name: str, w: np.ndarray, pred_type: str) -> _NewTensor:
+def _pred_matrix(name: str, w: np.ndarray, pred_type: str) -> NewTensor:
     """A predictor weight matrix (rows, cols) in its type. Quantized predictors exist because
     on a small model F16 predictors read a third as many bytes per token as the FFN they prune;
     Q8_0 halves that for a negligible change of the logits."""
@@ -312,7 +313,7 @@ def _pred_matrix(name: str, w: np.ndarray, pred_type: str) -> _NewTensor:
     check_quantizable(qtype, cols, "--pred-type")  # W2's rows are rank long
     nb = row_nbytes(qtype, cols)
     data = quantize(w, qtype)
-    return _NewTensor(name, (rows, nb), np.uint8, rows * nb, qtype, _constant(data))
+    return NewTensor(name, (rows, nb), np.uint8, rows * nb, qtype, _constant(data))
 
 
 def pred_layer_type(pred_type: str, n_embd: int, rank: int) -> str:
@@ -323,7 +324,7 @@ def pred_layer_type(pred_type: str, n_embd: int, rank: int) -> str:
     return "q8_0" if n_embd % block == 0 and rank % block == 0 else "f16"
 
 
-def _pred_tensors(il: int, p: LayerPredictor, pred_type: str) -> list[_NewTensor]:
+def _pred_tensors(il: int, p: LayerPredictor, pred_type: str) -> list[NewTensor]:
     pred_type = pred_layer_type(pred_type, p.w1.shape[1], p.rank)
     return [
         _pred_matrix(fmt.tensor_name(fmt.TENSOR_PRED_UP, il), p.w1, pred_type),
@@ -334,7 +335,7 @@ def _pred_tensors(il: int, p: LayerPredictor, pred_type: str) -> list[_NewTensor
 
 
 def _down_t_tensor(inp: InputModel, il: int, perm: np.ndarray,
-                   qtype: GGMLQuantizationType) -> _NewTensor:
+                   qtype: GGMLQuantizationType) -> NewTensor:
     src = inp.tensors[f"blk.{il}.ffn_down.weight"]
 
     def make() -> np.ndarray:
@@ -343,18 +344,18 @@ def _down_t_tensor(inp: InputModel, il: int, perm: np.ndarray,
 
     n_ff, n_embd = inp.n_ff, inp.n_embd
     if qtype == GGMLQuantizationType.F32:
-        return _NewTensor("", (n_ff, n_embd), np.float32, n_ff * n_embd * 4, None, make)
+        return NewTensor("", (n_ff, n_embd), np.float32, n_ff * n_embd * 4, None, make)
     if qtype == GGMLQuantizationType.F16:
-        return _NewTensor("", (n_ff, n_embd), np.float16, n_ff * n_embd * 2, None, make)
+        return NewTensor("", (n_ff, n_embd), np.float16, n_ff * n_embd * 2, None, make)
     nb = row_nbytes(qtype, n_embd)
-    return _NewTensor("", (n_ff, nb), np.uint8, n_ff * nb, qtype, make)
+    return NewTensor("", (n_ff, nb), np.uint8, n_ff * nb, qtype, make)
 
 
 def plan_tensors(inp: InputModel, opts: ConvertOptions, groupings: list[LayerGrouping],
-                 predictors: list[LayerPredictor | None]) -> list[_NewTensor]:
+                 predictors: list[LayerPredictor | None]) -> list[NewTensor]:
     """Every tensor of the output, in order: the input's (gate/up rows permuted), then the
     Kairox tensors per layer."""
-    plan: list[_NewTensor] = []
+    plan: list[NewTensor] = []
     for t in inp.reader.tensors:
         parts = t.name.split(".")
         # gate/up rows and the up bias (an ungated FFN's) follow the neuron order
@@ -408,7 +409,7 @@ def kairox_metadata(opts: ConvertOptions, n_layer: int, thresholds: np.ndarray,
 
 def write_gguf(reader: GGUFReader, arch: str, out: Path,
                kv: list[tuple[str, Any, GGUFValueType, GGUFValueType | None]],
-               plan: list[_NewTensor], console: Console | None, skip_keys: frozenset[str] = frozenset()) -> int:
+               plan: list[NewTensor], console: Console | None, skip_keys: frozenset[str] = frozenset()) -> int:
     """Write atomically: a temporary file beside `out`, renamed when complete. The metadata is
     `reader`'s (but `skip_keys`) followed by `kv`."""
     with atomic_file(out) as tmp:
@@ -416,24 +417,31 @@ def write_gguf(reader: GGUFReader, arch: str, out: Path,
         _copy_metadata(reader, writer, skip_keys)
         for key, val, vtype, sub in kv:
             writer.add_key_value(key, val, vtype, sub_type=sub)
-        for t in plan:
-            writer.add_tensor_info(t.name, t.shape, np.dtype(t.dtype), t.nbytes,
-                                   raw_dtype=t.raw_dtype)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        with make_progress(console) as bar:
-            task = bar.add_task("writing", total=len(plan))
-            for t in plan:
-                data = t.make()
-                if data.shape != t.shape or data.nbytes != t.nbytes:
-                    raise KairoxError(f"internal error: tensor {t.name} has shape {data.shape}, "
-                                      f"planned {t.shape}")
-                writer.write_tensor_data(data, tensor_endianess=reader.endianess)
-                bar.advance(task)
-        writer.close()
+        write_tensors(writer, plan, console, endianess=reader.endianess)
         size = tmp.stat().st_size
     return size
+
+
+def write_tensors(writer: GGUFWriter, plan: Sequence[NewTensor], console: Console | None,
+                  label: str = "writing", endianess: GGUFEndian | None = None) -> None:
+    """Finish a GGUF whose metadata `writer` holds: the tensor infos of `plan`, then each
+    tensor's data, made only as it is written (one tensor in memory at a time, whatever the
+    model's size), with a progress bar; closes the writer."""
+    for t in plan:
+        writer.add_tensor_info(t.name, t.shape, np.dtype(t.dtype), t.nbytes, raw_dtype=t.raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    with make_progress(console) as bar:
+        task = bar.add_task(label, total=len(plan))
+        for t in plan:
+            data = t.make()
+            if data.shape != t.shape or data.nbytes != t.nbytes:
+                raise KairoxError(f"internal error: tensor {t.name} has shape {data.shape}, "
+                                  f"planned {t.shape}")
+            writer.write_tensor_data(data, tensor_endianess=endianess)
+            bar.advance(task)
+    writer.close()
 
 
 def rewrite_metadata(reader: GGUFReader, path: Path,

@@ -25,9 +25,9 @@ import numpy as np
 from gguf import GGUFWriter, LlamaFileType, TokenType
 from rich.console import Console
 
+from .convert import NewTensor, write_tensors
 from .errors import KairoxError
 from .outputs import atomic_file, check_output_file
-from .progress import make_progress
 
 ARCH = "opt"
 #: HF's positions start at this row of embed_positions (OPTLearnedPositionalEmbedding's offset)
@@ -252,19 +252,11 @@ def import_opt(src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
         if "unk" in special:
             w.add_unk_token_id(special["unk"])
 
-        def dtype_of(t: _Tensor) -> np.dtype:
-            return np.dtype(mat_dt if len(t.shape) == 2 else np.float32)
+        def planned(t: _Tensor) -> NewTensor:
+            dt = np.dtype(mat_dt if len(t.shape) == 2 else np.float32)
+            return NewTensor(t.gguf, t.out_shape, dt, int(np.prod(t.out_shape)) * dt.itemsize, None,
+                             lambda: np.ascontiguousarray(st.get(t.hf)[t.skip_rows:], dtype=dt))
 
-        for t in plan:
-            w.add_tensor_info(t.gguf, t.out_shape, dtype_of(t), int(np.prod(t.out_shape)) * dtype_of(t).itemsize)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        with make_progress(console) as bar:
-            task = bar.add_task("writing tensors", total=len(plan))
-            for t in plan:
-                w.write_tensor_data(np.ascontiguousarray(st.get(t.hf)[t.skip_rows:], dtype=dtype_of(t)))
-                bar.advance(task)
-        w.close()
+        write_tensors(w, [planned(t) for t in plan], console, label="writing tensors")
     return out_p
 
