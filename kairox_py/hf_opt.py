@@ -215,8 +215,6 @@ def import_opt(src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: 
         raise KairoxError(f"not a directory: {src_p}")
     if dtype not in ("f16", "f32"):
         raise KairoxError(f"--type must be f16 or f32, got {dtype!r}")
-    if not out_p.parent.is_dir():
-        raise KairoxError(f"output directory does not exist: {out_p.parent}")
     check_output_file(out_p)
     cfg = _read_config(src_p)
     st = SafeTensors(_checkpoint_files(src_p))
