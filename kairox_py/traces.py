@@ -353,7 +353,7 @@ def record_traces(model_path: str | os.PathLike[str], prompts: Sequence[str],
             with make_progress(console) as bar:
                 task = bar.add_task("tracing", total=n_seq * n_steps)
                 for i, prompt in enumerate(encoded):
-                    inputs, hidden, toks = _generate(model, prompt, n_steps, opts, seed=opts.seed + i,
+                    inputs, hidden, toks = decode_with_profile(model, prompt, n_steps, opts, seed=opts.seed + i,
                                                      tick=lambda: bar.advance(task))
                     tokens[i] = toks
                     if kx is None:
@@ -410,7 +410,7 @@ def record_traces(model_path: str | os.PathLike[str], prompts: Sequence[str],
     return Trace(out)
 
 
-def _generate(model: Model, prompt: list[int], n_steps: int, opts: TraceOptions, seed: int,
+def decode_with_profile(model: Model, prompt: list[int], n_steps: int, opts: TraceOptions, seed: int,
               tick: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Prefill the prompt, then n_steps single-token decodes; returns per step the FFN inputs
     (n_steps, n_layer, n_embd), hidden activations (n_steps, n_layer, n_ff) and tokens."""

@@ -31,7 +31,7 @@ from kairox_py.bench import load_prompts  # noqa: E402
 from kairox_py.default_model import ensure_model  # noqa: E402
 from kairox_py.llama import Model  # noqa: E402
 from kairox_py.profile import magnitude_quantile  # noqa: E402
-from kairox_py.traces import TraceOptions, _generate, read_kairox  # noqa: E402
+from kairox_py.traces import TraceOptions, decode_with_profile, read_kairox  # noqa: E402
 
 
 def inactive_runs(mask: np.ndarray) -> tuple[float, float]:
@@ -67,7 +67,7 @@ def main() -> int:
     hidden = []
     for i, text in enumerate(load_prompts()[: a.n_prompts]):
         toks = model.encode_prompt(text, True)
-        _, h, _ = _generate(model, toks, a.steps, opts, seed=i, tick=lambda: None)
+        _, h, _ = decode_with_profile(model, toks, a.steps, opts, seed=i, tick=lambda: None)
         hidden.append(h)
     h = np.abs(np.concatenate(hidden))  # (steps, n_layer, n_ff)
     h = np.stack([h[:, il, kx.perm[il]] for il in range(model.n_layer)], axis=1)
