@@ -7,11 +7,25 @@ in `patches/`. Inside `vendor/llama.cpp` a git repository records pristine
 upstream as its first commit (tag `upstream`) and one commit per patch on top,
 so our work is always a clean `git diff upstream`.
 
+The patches are a curated queue: one patch per concern (the C API, the ggml ops,
+the CPU kernels, ...), each named by the word before the colon of its subject
+(`ggml-cpu: CPU kernels of ...` is concern `ggml-cpu`). A change to a concern
+amends that concern's commit; it never appends a patch that edits an earlier one:
+
+  edit in vendor/llama.cpp, then
+  python3 scripts/patches.py export --into ggml-cpu
+  (or commit yourself with `git commit --fixup=<commit>` in vendor/llama.cpp and
+   run `export`: fixup commits are squashed into their targets by autosquash)
+
+export then regenerates every patch file. A new concern is added with
+`export --new "name: subject"`.
+
 Commands:
-  apply   pristine + patches -> vendor tree (fetches and unpacks upstream first if needed)
-  export  vendor tree edits -> patches/ (uncommitted edits are folded into a commit first)
-  check   exit 1 when the vendor tree holds edits that patches/ lacks, or patches do not apply
-  status  short summary
+  apply     pristine + patches -> vendor tree (fetches and unpacks upstream first if needed)
+  export    vendor tree edits -> patches/ (fixups autosquashed into their concerns)
+  check     exit 1 when the vendor tree holds edits that patches/ lacks, or patches do not apply
+  concerns  list the concerns (one per patch) and their commits
+  status    short summary
 
 Only the standard library is used: this runs inside CMake's configure step and in
 pip's isolated build environment.
@@ -265,16 +279,59 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def concerns() -> list[tuple[str, str, str]]:
+    """(key, commit, subject) of each patch commit on top of upstream, oldest first."""
+    out = []
+    for line in git("log", "--reverse", "--format=%H %s", f"{TAG}..HEAD").splitlines():
+        commit, subject = line.split(" ", 1)
+        out.append((subject.split(":", 1)[0].strip(), commit, subject))
+    return out
+
+
+def _commit_into(key: str) -> None:
+    """Commit the uncommitted vendor edits as a fixup of concern `key`'s commit."""
+    match = [c for c in concerns() if c[0] == key and not c[2].startswith(("fixup!", "squash!", "amend!"))]
+    if len(match) != 1:
+        known = ", ".join(c[0] for c in concerns() if not c[2].startswith("fixup!"))
+        raise PatchError(f"no single concern named '{key}' (concerns: {known})")
+    git("add", "-A", ".")
+    git("commit", "-q", "--no-verify", f"--fixup={match[0][1]}")
+
+
+def _autosquash() -> None:
+    """Fold fixup!/squash!/amend! commits into their targets (a non-interactive rebase)."""
+    subjects = [c[2] for c in concerns()]
+    if not any(s.startswith(("fixup!", "squash!", "amend!")) for s in subjects):
+        return
+    try:
+        git("rebase", "-q", "-i", "--autosquash", TAG,
+            env={"GIT_SEQUENCE_EDITOR": "true", "GIT_EDITOR": "true"})
+    except PatchError:
+        git("rebase", "--abort", check=False)
+        raise
+    left = [s for s in (c[2] for c in concerns()) if s.startswith(("fixup!", "squash!", "amend!"))]
+    if left:
+        raise PatchError(f"fixup commits without a target: {left}")
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     if not (VENDOR / ".git").exists():
         raise PatchError(f"{VENDOR} does not exist")
-    if is_dirty() and not args.committed:
-        git("add", "-A", ".")
-        count = int(git("rev-list", "--count", f"{TAG}..HEAD").strip())
-        if args.message or count == 0:
-            git("commit", "-q", "--no-verify", "-m", args.message or "kairox: changes")
+    if is_dirty():
+        if args.into:
+            _commit_into(args.into)
+        elif args.new:
+            if ":" not in args.new:
+                raise PatchError("--new takes 'name: subject'")
+            if any(c[0] == args.new.split(":", 1)[0].strip() for c in concerns()):
+                raise PatchError(f"concern '{args.new.split(':', 1)[0].strip()}' exists; use --into")
+            git("add", "-A", ".")
+            git("commit", "-q", "--no-verify", "-m", args.new)
         else:
-            git("commit", "-q", "--no-verify", "--amend", "--no-edit")
+            keys = ", ".join(c[0] for c in concerns())
+            raise PatchError("the vendor tree has uncommitted edits: name the concern they belong to with "
+                             f"--into NAME ({keys}), or commit them with `git commit --fixup=<commit>`")
+    _autosquash()
     with tempfile.TemporaryDirectory() as tmp:
         git("format-patch", "-q", "--zero-commit", "--no-signature", "--no-stat", "--full-index",
             "-o", tmp, f"{TAG}..HEAD")
@@ -284,6 +341,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         for p in new:
             shutil.copyfile(p, PATCHES / p.name)
     print(f"patches.py: exported {len(new)} patch(es) to {PATCHES}")
+    return 0
+
+
+def cmd_concerns(args: argparse.Namespace) -> int:
+    if not (VENDOR / ".git").exists():
+        raise PatchError(f"{VENDOR} does not exist; run `python3 scripts/patches.py apply`")
+    for key, commit, subject in concerns():
+        print(f"{key:12s} {commit[:12]}  {subject}")
     return 0
 
 
@@ -303,12 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--force", action="store_true", help="discard uncommitted vendor edits")
     a.add_argument("--if-missing", action="store_true",
                    help="do nothing when the vendor tree already matches patches/ (build-time use)")
-    e = sub.add_parser("export", help="vendor edits -> patches/")
-    e.add_argument("-m", "--message", help="commit uncommitted edits as a new patch with this message"
-                   " (default: fold them into the last patch)")
-    e.add_argument("--committed", action="store_true",
-                   help="export the vendor commits only; leave uncommitted edits where they are")
+    e = sub.add_parser("export", help="vendor edits -> patches/ (one patch per concern)")
+    g = e.add_mutually_exclusive_group()
+    g.add_argument("--into", metavar="NAME",
+                   help="fold uncommitted edits into concern NAME's patch (see `concerns`)")
+    g.add_argument("--new", metavar="'NAME: SUBJECT'",
+                   help="commit uncommitted edits as the patch of a new concern")
     sub.add_parser("check", help="fail when vendor tree and patches/ disagree")
+    sub.add_parser("concerns", help="list the concerns (one per patch)")
     sub.add_parser("status", help="show patch commits and uncommitted edits")
     args = ap.parse_args(argv)
     try:
@@ -321,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return 0
         return {"apply": cmd_apply, "export": cmd_export, "check": cmd_check,
-                "status": cmd_status}[args.cmd](args)
+                "concerns": cmd_concerns, "status": cmd_status}[args.cmd](args)
     except PatchError as e:
         print(f"patches.py: error: {e}", file=sys.stderr)
         return 1
