@@ -12,11 +12,11 @@ runs (a short prompt, then --n-predict greedy tokens).
     python3 scripts/hybrid_speed.py --synthetic 7b --layers 8 --density 0.3 --out hybrid-speed
     python3 scripts/hybrid_speed.py --model smollm2-kx.gguf --out hybrid-speed
 
---synthetic writes a random-weight model of that shape (speed only, kairox_py.synthetic): with
---pred-rank 0 the masks are given (the same neurons every token, so the cache fills with them
-and then holds still), with a rank > 0 a random low-rank predictor picks each token's neurons
-(no locality: the balancer reloads every step). --policies runs the hybrid configurations once
-per balancer policy.
+--synthetic writes a random-weight model of that shape (speed only, kairox_py.benchmark.synthetic):
+with --pred-rank 0 the masks are given (the same neurons every token, so the cache fills with
+them and then holds still), with a rank > 0 a random low-rank predictor picks each token's
+neurons (no locality: the balancer reloads every step). --policies runs the hybrid
+configurations once per balancer policy.
 """
 from __future__ import annotations
 
@@ -31,8 +31,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kairox_py.llama import ContextParams, Model, has_gpu
-from kairox_py.synthetic import SHAPES, SparseSpec, pred_threshold_for, write_synthetic_llama
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, pred_threshold_for, write_synthetic_llama  # noqa: E402
+from kairox_py.llama import ContextParams, Model, has_gpu  # noqa: E402
 
 GIB = float(1 << 30)
 

@@ -45,8 +45,8 @@ from kairox_py.format import ffn_input_kind  # noqa: E402
 from kairox_py.hybrid import POLICIES  # noqa: E402
 from kairox_py.llama import ContextParams, Model, Profiler  # noqa: E402
 from kairox_py.progress import make_progress  # noqa: E402
-from kairox_py.simulate import DEFAULT_CPU, PRESETS, CostModel, SequenceData, SimConfig, simulate  # noqa: E402
-from kairox_py.traces import TRACE_VERSION, Trace, TraceMeta, model_costs, pack, read_kairox  # noqa: E402
+from kairox_py.sim.replay import DEFAULT_CPU, PRESETS, CostModel, SequenceData, SimConfig, simulate  # noqa: E402
+from kairox_py.sim.traces import TRACE_VERSION, Trace, TraceMeta, model_costs, pack, read_kairox  # noqa: E402
 
 GIB = float(1 << 30)
 BALANCER_NAME = {v: k for k, v in BALANCER_POLICIES.items()}  # enum -> the simulator's policy name

@@ -13,7 +13,7 @@ share active over the whole recording (one threshold per layer, as `kairox conve
 calibrates), and prints per share the mean length of the runs of inactive neurons and the share
 of them in runs of 8 or more (a whole tile), next to random masks of the same density.
 
-    KAIROX_LIB=build/dev/libkairox.so python scripts/model_masks.py --kairox KX.gguf \\
+    KAIROX_LIB=build/dev/libkairox.so python experiments/model_masks.py --kairox KX.gguf \\
         --shares 0.5,0.75,0.9 -o masks.json
 """
 from __future__ import annotations
@@ -27,11 +27,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kairox_py.bench import load_prompts  # noqa: E402
+from kairox_py.benchmark.decode import load_prompts  # noqa: E402
 from kairox_py.default_model import ensure_model  # noqa: E402
 from kairox_py.llama import Model  # noqa: E402
-from kairox_py.profile import magnitude_quantile  # noqa: E402
-from kairox_py.traces import TraceOptions, decode_with_profile, read_kairox  # noqa: E402
+from kairox_py.offline.profile import magnitude_quantile  # noqa: E402
+from kairox_py.sim.traces import TraceOptions, decode_with_profile, read_kairox  # noqa: E402
 
 
 def inactive_runs(mask: np.ndarray) -> tuple[float, float]:

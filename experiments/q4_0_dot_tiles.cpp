@@ -25,11 +25,11 @@
 // row block), pairs 22.8 (0.82), pairs+st 25.4 (0.92), pairs+st/2 25.7, /3 27.2, red8 32.4 (the
 // gather and the reduction cost more than the float work they save); 4096x512: GEMV 54.0 us
 // (0.83 ns), pairs 46.7 (0.71), pairs+st 51.0. The row kernel is not slower than the repacked
-// one: where the op trails dense on these rows, its reads from memory do (scripts/row_reads.c).
+// one: where the op trails dense on these rows, its reads from memory do (experiments/row_reads.c).
 //
-//   g++ -O3 -march=native scripts/q4_0_dot_tiles.cpp -o /tmp/q4_0_dot_tiles   (AVX2, F16C; VNNI if present)
+//   g++ -O3 -march=native experiments/q4_0_dot_tiles.cpp -o /tmp/q4_0_dot_tiles   (AVX2, F16C; VNNI if present)
 //   B=build/dev/vendor/llama.cpp/ggml/src   (then, to time ggml's GEMV too:)
-//   g++ -O3 -march=native -DKX_WITH_GGML scripts/q4_0_dot_tiles.cpp $B/libggml-cpu.a $B/libggml-base.a
+//   g++ -O3 -march=native -DKX_WITH_GGML experiments/q4_0_dot_tiles.cpp $B/libggml-cpu.a $B/libggml-base.a
 //       -fopenmp -lpthread -lm -o /tmp/q4_0_dot_tiles
 //   /tmp/q4_0_dot_tiles [k n density]       (default 576 1536 1.0: the default model's gate/up)
 //

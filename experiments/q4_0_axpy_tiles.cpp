@@ -13,7 +13,7 @@
 //   i8p16    int8 coefficients, 16 rows: four rows' codes interleaved by vpermb into each VNNI
 //            dpbusd (faster in cache; nmse ~4e-5, and no faster from memory)
 //
-//   g++ -O2 -march=native scripts/q4_0_axpy_tiles.cpp -o /tmp/q4_0_axpy_tiles   (AVX-512 BW, VBMI, VNNI)
+//   g++ -O2 -march=native experiments/q4_0_axpy_tiles.cpp -o /tmp/q4_0_axpy_tiles   (AVX-512 BW, VBMI, VNNI)
 //   /tmp/q4_0_axpy_tiles [d n density]       (default 576 1536 0.75: the default model's down)
 //
 // Output: per variant, nmse against the f64 reference and the best of 200 timings (us per call,

@@ -9,7 +9,7 @@
 // reading 75% of the rows takes as long as reading all of them, no kernel that reads the rows'
 // bytes can beat a dense kernel that reads at the same speed.
 //
-//   cc -O2 -march=native -pthread scripts/row_reads.c -o /tmp/row_reads
+//   cc -O2 -march=native -pthread experiments/row_reads.c -o /tmp/row_reads
 //   /tmp/row_reads [row_bytes:rows ...]        (default: the rows of the op table's shapes)
 //
 // Output: a Markdown table, one line per shape and density: median microseconds per matrix of

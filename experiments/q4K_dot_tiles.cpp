@@ -18,8 +18,8 @@
 //            stack)
 //   shuf512g shuf512u with the high nibbles by one GFNI affine transform (patch 0098's kernel)
 //
-//   g++ -O3 -march=native scripts/q4K_dot_tiles.cpp -o /tmp/q4K_dot_tiles   (AVX-512 BW, GFNI; VNNI if present;
-//                                                                          -O3 as the library is built)
+//   g++ -O3 -march=native experiments/q4K_dot_tiles.cpp -o /tmp/q4K_dot_tiles   (AVX-512 BW, GFNI; VNNI if present;
+//                                                                              -O3 as the library is built)
 //   /tmp/q4K_dot_tiles [k n density]       (default 4096 256 1.0: rows that fit in L2)
 //
 // Output: per variant, nmse against the f64 reference and the best of 200 timings (us per call,
