@@ -1,19 +1,24 @@
 """ctypes bindings to libkairox (patched llama.cpp + ggml in one shared library).
 
 This is the ONE place that finds and loads the library and declares the C functions
-kairox_py calls. Everything else goes through :func:`lib`.
+kairox_py calls; everything else calls the typed functions declared here.
 
 Why it is organised this way:
 
 * Struct mirrors must match ``vendor/llama.cpp/include/llama.h`` of the vendored version
   field for field: ctypes cannot check that, so the library describes its own layout
   (``kairox_abi_sizeof`` / ``kairox_abi_offsetof``) and the test suite compares the two.
-* Function prototypes live in one table (:data:`_FUNCTIONS`), each entry next to its C
-  signature, so a llama.cpp upgrade is a diff against ``llama.h`` in one file.
+* Each C function is a module-level Python function with type hints, declared by
+  :func:`ctypes_function` right under its C signature, so editors and type checkers see its
+  arguments and result, and a llama.cpp upgrade is a diff against ``llama.h`` in one file.
 * Loading is lazy and cached (:func:`lib`): importing ``kairox_py`` must work without a
   built library (``kairox info`` only needs the ``gguf`` package), and the log callback
-  and ``llama_backend_init`` must happen exactly once per process.
+  and ``llama_backend_init`` must happen exactly once per process. The first call of any
+  declared function loads the library, which then binds every declaration at once (so a
+  stale build reports all its missing functions together).
 """
+# The declarations' bodies never run (ctypes_function replaces them): `...` is their whole body.
+# mypy: disable-error-code="empty-body"
 from __future__ import annotations
 
 import collections
@@ -22,7 +27,7 @@ import functools
 import importlib.metadata
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from ctypes import (
     CFUNCTYPE,
     POINTER,
@@ -36,12 +41,13 @@ from ctypes import (
     c_int32,
     c_int64,
     c_size_t,
+    c_uint8,
     c_uint32,
     c_uint64,
     c_void_p,
 )
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypeVar, cast
 
 from .errors import KairoxError
 
@@ -390,272 +396,26 @@ STRUCTS: dict[str, type[Structure]] = {
     )
 }
 
+
 # ---------------------------------------------------------------------------------------
-# Function prototypes: (name, argtypes, restype), each under its C declaration.
+# Python-side types of C arguments and results (annotations of the declarations below)
 # ---------------------------------------------------------------------------------------
-_FUNCTIONS: list[tuple[str, list[Any], Any]] = [
-    # --- kairox.h ---
-    # const char * kairox_version(void);
-    ("kairox_version", [], c_char_p),
-    # size_t kairox_abi_sizeof(const char * type_name);
-    ("kairox_abi_sizeof", [c_char_p], c_size_t),
-    # size_t kairox_abi_offsetof(const char * type_name, const char * field_name);
-    ("kairox_abi_offsetof", [c_char_p, c_char_p], c_size_t),
-    # const char * kairox_format_name(const char * id);
-    ("kairox_format_name", [c_char_p], c_char_p),
-    # struct kairox_params kairox_default_params(void);
-    ("kairox_default_params", [], kairox_params),
-    # struct llama_context * kairox_init_from_model(struct llama_model * model,
-    #         struct llama_context_params cparams, const struct kairox_params * kparams);
-    ("kairox_init_from_model", [llama_model_p, llama_context_params, POINTER(kairox_params)], llama_context_p),
-    # bool kairox_model_has_sparsity(const struct llama_model * model);
-    ("kairox_model_has_sparsity", [llama_model_p], c_bool),
-    # bool kairox_model_has_predictor(const struct llama_model * model);
-    ("kairox_model_has_predictor", [llama_model_p], c_bool),
-    # bool kairox_model_has_threshold(const struct llama_model * model);
-    ("kairox_model_has_threshold", [llama_model_p], c_bool),
-    # int32_t kairox_context_mode(const struct llama_context * ctx);
-    ("kairox_context_mode", [llama_context_p], c_int32),
-    # int32_t kairox_get_layer_stats(const struct llama_context * ctx, struct kairox_layer_stats * out, int32_t n_max);
-    ("kairox_get_layer_stats", [llama_context_p, POINTER(kairox_layer_stats), c_int32], c_int32),
-    # void kairox_reset_stats(struct llama_context * ctx);
-    ("kairox_reset_stats", [llama_context_p], None),
-    # --- hybrid runtime ---
-    # int32_t kairox_hybrid_get_info(const struct llama_context * ctx, struct kairox_hybrid_info * out);
-    ("kairox_hybrid_get_info", [llama_context_p, POINTER(kairox_hybrid_info)], c_int32),
-    # int32_t kairox_hybrid_get_budget(const struct llama_context * ctx, struct kairox_hybrid_budget * out);
-    ("kairox_hybrid_get_budget", [llama_context_p, POINTER(kairox_hybrid_budget)], c_int32),
-    # int32_t kairox_hybrid_get_stats(const struct llama_context * ctx, struct kairox_hybrid_layer_stats * out, int32_t n_max);
-    ("kairox_hybrid_get_stats", [llama_context_p, POINTER(kairox_hybrid_layer_stats), c_int32], c_int32),
-    # int32_t kairox_hybrid_get_lambda_trace(const struct llama_context * ctx, int32_t layer, float * out, int32_t n_max);
-    ("kairox_hybrid_get_lambda_trace", [llama_context_p, c_int32, POINTER(c_float), c_int32], c_int32),
-    # int64_t kairox_hybrid_get_resident(const struct llama_context * ctx, int32_t layer, uint8_t * mask, int64_t n_max);
-    ("kairox_hybrid_get_resident", [llama_context_p, c_int32, POINTER(ctypes.c_uint8), c_int64], c_int64),
-    # void kairox_hybrid_reset_stats(struct llama_context * ctx);
-    ("kairox_hybrid_reset_stats", [llama_context_p], None),
-    # bool kairox_set_op_timing(struct llama_context * ctx, bool enable);
-    ("kairox_set_op_timing", [llama_context_p, c_bool], c_bool),
-    # int32_t kairox_get_op_times(const struct llama_context * ctx, struct kairox_op_time * out, int32_t n_max);
-    ("kairox_get_op_times", [llama_context_p, POINTER(kairox_op_time), c_int32], c_int32),
-    # void kairox_reset_op_times(struct llama_context * ctx);
-    ("kairox_reset_op_times", [llama_context_p], None),
-    # struct kairox_profiler * kairox_profiler_init(int32_t n_layer, int32_t n_embd, int32_t n_ff, int32_t max_tokens);
-    ("kairox_profiler_init", [c_int32, c_int32, c_int32, c_int32], c_void_p),
-    # void kairox_profiler_free(struct kairox_profiler * prof);
-    ("kairox_profiler_free", [c_void_p], None),
-    # void kairox_profiler_set_kinds(struct kairox_profiler * prof, uint32_t mask);
-    ("kairox_profiler_set_kinds", [c_void_p, c_uint32], None),
-    # int32_t kairox_profiler_n_tokens(const struct kairox_profiler * prof, int32_t kind, int32_t layer);
-    ("kairox_profiler_n_tokens", [c_void_p, c_int32, c_int32], c_int32),
-    # int64_t kairox_profiler_get(const struct kairox_profiler * prof, int32_t kind, int32_t layer, float * dst, int64_t n_max);
-    ("kairox_profiler_get", [c_void_p, c_int32, c_int32, POINTER(c_float), c_int64], c_int64),
-    # void kairox_profiler_clear(struct kairox_profiler * prof);
-    ("kairox_profiler_clear", [c_void_p], None),
-    # --- kairox.h: balancer ---
-    # struct kairox_balancer_params kairox_balancer_default_params(void);
-    ("kairox_balancer_default_params", [], kairox_balancer_params),
-    # const char * kairox_balancer_check_params(const struct kairox_balancer_params * params);
-    ("kairox_balancer_check_params", [POINTER(kairox_balancer_params)], c_char_p),
-    # struct kairox_balancer * kairox_balancer_init(const struct kairox_balancer_params * params);
-    ("kairox_balancer_init", [POINTER(kairox_balancer_params)], c_void_p),
-    # void kairox_balancer_free(struct kairox_balancer * bal);
-    ("kairox_balancer_free", [c_void_p], None),
-    # void kairox_balancer_reset(struct kairox_balancer * bal);
-    ("kairox_balancer_reset", [c_void_p], None),
-    # int32_t kairox_balancer_group_intensity(const uint8_t * mask, int64_t n_neurons, int32_t group_size,
-    #                                         float * out, int32_t n_max);
-    ("kairox_balancer_group_intensity", [c_void_p, c_int64, c_int32, POINTER(c_float), c_int32], c_int32),
-    # void kairox_balancer_feedback(struct kairox_balancer * bal, int32_t layer, int32_t bottleneck);
-    ("kairox_balancer_feedback", [c_void_p, c_int32, c_int32], None),
-    # int32_t kairox_balancer_step(struct kairox_balancer * bal, int32_t layer, const float * intensity, int32_t n_groups);
-    ("kairox_balancer_step", [c_void_p, c_int32, POINTER(c_float), c_int32], c_int32),
-    # int64_t kairox_balancer_step_all(struct kairox_balancer * bal, const float * intensity, const int32_t * feedback);
-    ("kairox_balancer_step_all", [c_void_p, POINTER(c_float), POINTER(c_int32)], c_int64),
-    # int64_t kairox_balancer_get_resident(const struct kairox_balancer * bal, int32_t layer, uint8_t * mask, int64_t n_max);
-    ("kairox_balancer_get_resident", [c_void_p, c_int32, c_void_p, c_int64], c_int64),
-    # int32_t kairox_balancer_get_loads(const struct kairox_balancer * bal, int32_t layer, int32_t * groups, int32_t n_max);
-    ("kairox_balancer_get_loads", [c_void_p, c_int32, POINTER(c_int32), c_int32], c_int32),
-    # int32_t kairox_balancer_get_evicts(const struct kairox_balancer * bal, int32_t layer, int32_t * groups, int32_t n_max);
-    ("kairox_balancer_get_evicts", [c_void_p, c_int32, POINTER(c_int32), c_int32], c_int32),
-    # int64_t kairox_balancer_get_scores(const struct kairox_balancer * bal, int32_t layer, float * scores, int64_t n_max);
-    ("kairox_balancer_get_scores", [c_void_p, c_int32, POINTER(c_float), c_int64], c_int64),
-    # int32_t kairox_balancer_get_lambda(const struct kairox_balancer * bal, int32_t layer, float * lambda, int32_t n_max);
-    ("kairox_balancer_get_lambda", [c_void_p, c_int32, POINTER(c_float), c_int32], c_int32),
-    # float kairox_balancer_get_load_cap(const struct kairox_balancer * bal, int32_t layer);
-    ("kairox_balancer_get_load_cap", [c_void_p, c_int32], c_float),
-    # --- ggml quantization (kairox convert: dequantize-transpose-requantize of ffn_down) ---
-    # size_t ggml_quantize_chunk(enum ggml_type type, const float * src, void * dst, int64_t start,
-    #                            int64_t nrows, int64_t n_per_row, const float * imatrix);
-    ("ggml_quantize_chunk", [c_enum, POINTER(c_float), c_void_p, c_int64, c_int64, c_int64, POINTER(c_float)], c_size_t),
-    # bool ggml_quantize_requires_imatrix(enum ggml_type type);
-    ("ggml_quantize_requires_imatrix", [c_enum], c_bool),
-    # size_t ggml_row_size(enum ggml_type type, int64_t ne);
-    ("ggml_row_size", [c_enum, c_int64], c_size_t),
-    # --- ggml-backend.h / ggml-cpu.h: devices (where the hybrid runtime's cache can live) ---
-    # size_t ggml_backend_dev_count(void);
-    ("ggml_backend_dev_count", [], c_size_t),
-    # ggml_backend_dev_t ggml_backend_dev_get(size_t index);
-    ("ggml_backend_dev_get", [c_size_t], c_void_p),
-    # enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t device);
-    ("ggml_backend_dev_type", [c_void_p], c_enum),
-    # ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type(void);
-    ("ggml_backend_cpu_buffer_type", [], c_void_p),
-    # --- backend and logging ---
-    # const char * llama_version(void);
-    ("llama_version", [], c_char_p),
-    # void llama_backend_init(void);
-    ("llama_backend_init", [], None),
-    # void llama_log_set(ggml_log_callback log_callback, void * user_data);
-    ("llama_log_set", [ggml_log_callback, c_void_p], None),
-    # const char * llama_print_system_info(void);
-    ("llama_print_system_info", [], c_char_p),
-    # bool llama_supports_gpu_offload(void);
-    ("llama_supports_gpu_offload", [], c_bool),
-    # --- default parameters ---
-    # struct llama_model_params llama_model_default_params(void);
-    ("llama_model_default_params", [], llama_model_params),
-    # struct llama_context_params llama_context_default_params(void);
-    ("llama_context_default_params", [], llama_context_params),
-    # struct llama_sampler_chain_params llama_sampler_chain_default_params(void);
-    ("llama_sampler_chain_default_params", [], llama_sampler_chain_params),
-    # --- model ---
-    # struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
-    ("llama_model_load_from_file", [c_char_p, llama_model_params], llama_model_p),
-    # void llama_model_free(struct llama_model * model);
-    ("llama_model_free", [llama_model_p], None),
-    # const struct llama_vocab * llama_model_get_vocab(const struct llama_model * model);
-    ("llama_model_get_vocab", [llama_model_p], llama_vocab_p),
-    # int32_t llama_model_n_ctx_train(const struct llama_model * model);
-    ("llama_model_n_ctx_train", [llama_model_p], c_int32),
-    # int32_t llama_model_n_embd(const struct llama_model * model);
-    ("llama_model_n_embd", [llama_model_p], c_int32),
-    # int32_t llama_model_n_layer(const struct llama_model * model);
-    ("llama_model_n_layer", [llama_model_p], c_int32),
-    # int32_t llama_model_n_head(const struct llama_model * model);
-    ("llama_model_n_head", [llama_model_p], c_int32),
-    # int32_t llama_model_n_head_kv(const struct llama_model * model);
-    ("llama_model_n_head_kv", [llama_model_p], c_int32),
-    # int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t buf_size);
-    ("llama_model_desc", [llama_model_p, c_char_p, c_size_t], c_int32),
-    # uint64_t llama_model_size(const struct llama_model * model);
-    ("llama_model_size", [llama_model_p], c_uint64),
-    # uint64_t llama_model_n_params(const struct llama_model * model);
-    ("llama_model_n_params", [llama_model_p], c_uint64),
-    # bool llama_model_has_decoder(const struct llama_model * model);
-    ("llama_model_has_decoder", [llama_model_p], c_bool),
-    # bool llama_model_has_encoder(const struct llama_model * model);
-    ("llama_model_has_encoder", [llama_model_p], c_bool),
-    # const char * llama_model_chat_template(const struct llama_model * model, const char * name);
-    ("llama_model_chat_template", [llama_model_p, c_char_p], c_char_p),
-    # int32_t llama_model_meta_count(const struct llama_model * model);
-    ("llama_model_meta_count", [llama_model_p], c_int32),
-    # int32_t llama_model_meta_key_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
-    ("llama_model_meta_key_by_index", [llama_model_p, c_int32, c_char_p, c_size_t], c_int32),
-    # int32_t llama_model_meta_val_str_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
-    ("llama_model_meta_val_str_by_index", [llama_model_p, c_int32, c_char_p, c_size_t], c_int32),
-    # --- vocab and tokenization ---
-    # int32_t llama_vocab_n_tokens(const struct llama_vocab * vocab);
-    ("llama_vocab_n_tokens", [llama_vocab_p], c_int32),
-    # bool llama_vocab_is_eog(const struct llama_vocab * vocab, llama_token token);
-    ("llama_vocab_is_eog", [llama_vocab_p, llama_token], c_bool),
-    # llama_token llama_vocab_bos(const struct llama_vocab * vocab);
-    ("llama_vocab_bos", [llama_vocab_p], llama_token),
-    # llama_token llama_vocab_eos(const struct llama_vocab * vocab);
-    ("llama_vocab_eos", [llama_vocab_p], llama_token),
-    # bool llama_vocab_get_add_bos(const struct llama_vocab * vocab);
-    ("llama_vocab_get_add_bos", [llama_vocab_p], c_bool),
-    # int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len,
-    #                        llama_token * tokens, int32_t n_tokens_max, bool add_special, bool parse_special);
-    ("llama_tokenize",
-     [llama_vocab_p, c_char_p, c_int32, POINTER(llama_token), c_int32, c_bool, c_bool], c_int32),
-    # int32_t llama_token_to_piece(const struct llama_vocab * vocab, llama_token token, char * buf,
-    #                              int32_t length, int32_t lstrip, bool special);
-    ("llama_token_to_piece", [llama_vocab_p, llama_token, c_char_p, c_int32, c_int32, c_bool], c_int32),
-    # int32_t llama_detokenize(const struct llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
-    #                          char * text, int32_t text_len_max, bool remove_special, bool unparse_special);
-    ("llama_detokenize",
-     [llama_vocab_p, POINTER(llama_token), c_int32, c_char_p, c_int32, c_bool, c_bool], c_int32),
-    # int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_message * chat, size_t n_msg,
-    #                                   bool add_ass, char * buf, int32_t length);
-    ("llama_chat_apply_template",
-     [c_char_p, POINTER(llama_chat_message), c_size_t, c_bool, c_char_p, c_int32], c_int32),
-    # --- context ---
-    # struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
-    ("llama_init_from_model", [llama_model_p, llama_context_params], llama_context_p),
-    # void llama_free(struct llama_context * ctx);
-    ("llama_free", [llama_context_p], None),
-    # uint32_t llama_n_ctx(const struct llama_context * ctx);
-    ("llama_n_ctx", [llama_context_p], c_uint32),
-    # uint32_t llama_n_batch(const struct llama_context * ctx);
-    ("llama_n_batch", [llama_context_p], c_uint32),
-    # uint32_t llama_n_ubatch(const struct llama_context * ctx);
-    ("llama_n_ubatch", [llama_context_p], c_uint32),
-    # int32_t llama_n_threads(struct llama_context * ctx);
-    ("llama_n_threads", [llama_context_p], c_int32),
-    # void llama_set_n_threads(struct llama_context * ctx, int32_t n_threads, int32_t n_threads_batch);
-    ("llama_set_n_threads", [llama_context_p, c_int32, c_int32], None),
-    # llama_memory_t llama_get_memory(const struct llama_context * ctx);
-    ("llama_get_memory", [llama_context_p], llama_memory_t),
-    # void llama_memory_clear(llama_memory_t mem, bool data);
-    ("llama_memory_clear", [llama_memory_t, c_bool], None),
-    # bool llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
-    ("llama_memory_seq_rm", [llama_memory_t, llama_seq_id, llama_pos, llama_pos], c_bool),
-    # llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id);
-    ("llama_memory_seq_pos_max", [llama_memory_t, llama_seq_id], llama_pos),
-    # --- decoding ---
-    # struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
-    ("llama_batch_init", [c_int32, c_int32, c_int32], llama_batch),
-    # void llama_batch_free(struct llama_batch batch);
-    ("llama_batch_free", [llama_batch], None),
-    # int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch);
-    ("llama_decode", [llama_context_p, llama_batch], c_int32),
-    # float * llama_get_logits(struct llama_context * ctx);
-    ("llama_get_logits", [llama_context_p], POINTER(c_float)),
-    # float * llama_get_logits_ith(struct llama_context * ctx, int32_t i);
-    ("llama_get_logits_ith", [llama_context_p, c_int32], POINTER(c_float)),
-    # --- sampling ---
-    # struct llama_sampler * llama_sampler_chain_init(struct llama_sampler_chain_params params);
-    ("llama_sampler_chain_init", [llama_sampler_chain_params], llama_sampler_p),
-    # void llama_sampler_chain_add(struct llama_sampler * chain, struct llama_sampler * smpl);
-    ("llama_sampler_chain_add", [llama_sampler_p, llama_sampler_p], None),
-    # struct llama_sampler * llama_sampler_init_greedy(void);
-    ("llama_sampler_init_greedy", [], llama_sampler_p),
-    # struct llama_sampler * llama_sampler_init_dist(uint32_t seed);
-    ("llama_sampler_init_dist", [c_uint32], llama_sampler_p),
-    # struct llama_sampler * llama_sampler_init_top_k(int32_t k);
-    ("llama_sampler_init_top_k", [c_int32], llama_sampler_p),
-    # struct llama_sampler * llama_sampler_init_top_p(float p, size_t min_keep);
-    ("llama_sampler_init_top_p", [c_float, c_size_t], llama_sampler_p),
-    # struct llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep);
-    ("llama_sampler_init_min_p", [c_float, c_size_t], llama_sampler_p),
-    # struct llama_sampler * llama_sampler_init_temp(float t);
-    ("llama_sampler_init_temp", [c_float], llama_sampler_p),
-    # struct llama_sampler * llama_sampler_init_logit_bias(int32_t n_vocab, int32_t n_logit_bias,
-    #                                                      const llama_logit_bias * logit_bias);
-    ("llama_sampler_init_logit_bias", [c_int32, c_int32, POINTER(llama_logit_bias)], llama_sampler_p),
-    # llama_token llama_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx);
-    ("llama_sampler_sample", [llama_sampler_p, llama_context_p, c_int32], llama_token),
-    # void llama_sampler_reset(struct llama_sampler * smpl);
-    ("llama_sampler_reset", [llama_sampler_p], None),
-    # void llama_sampler_free(struct llama_sampler * smpl);
-    ("llama_sampler_free", [llama_sampler_p], None),
-    # --- performance ---
-    # struct llama_perf_context_data llama_perf_context(const struct llama_context * ctx);
-    ("llama_perf_context", [llama_context_p], llama_perf_context_data),
-    # void llama_perf_context_reset(struct llama_context * ctx);
-    ("llama_perf_context_reset", [llama_context_p], None),
-]
+_CT = TypeVar("_CT", bound="ctypes._CData")
 
-
-#: Function groups a library built from an older tree may lack without failing to load (the
-#: rest of kairox_py keeps working); calling one then raises KairoxError asking for a rebuild.
-_OPTIONAL_PREFIXES: tuple[str, ...] = ("kairox_balancer_",)
-
-
-def _missing_function(path: Path, name: str) -> Any:
-    def missing(*_args: Any) -> Any:
-        raise KairoxError(f"{path} lacks {name}: rebuild it from this tree")
-    return missing
+#: An opaque handle (``struct llama_model *``, ``llama_memory_t``, ...): ctypes returns a
+#: ``void *`` result as an int, NULL as None, and takes either as an argument.
+Handle: TypeAlias = "int | None"
+#: A ``T *`` argument: a ctypes array or pointer of T, ``ctypes.byref()`` of one T, or None (NULL).
+CPtr: TypeAlias = "ctypes._Pointer[_CT] | ctypes.Array[_CT] | ctypes._CArgObject | None"
+#: A ``T *`` result: a ctypes pointer, false when NULL.
+CPointer: TypeAlias = "ctypes._Pointer[_CT]"
+#: A ``void *`` data argument: an address (NumPy's ``.ctypes.data``), any ctypes pointer, array or
+#: ``byref()``, or None (NULL).
+VoidPtr: TypeAlias = "int | c_void_p | ctypes._Pointer[Any] | ctypes.Array[Any] | ctypes._CArgObject | None"
+#: A ``char *`` the function writes into: ``ctypes.create_string_buffer(n)``.
+CCharBuffer: TypeAlias = "ctypes.Array[ctypes.c_char]"
+#: A C function pointer made from a CFUNCTYPE type; the caller keeps it referenced while C may call it.
+CallbackPtr: TypeAlias = "ctypes._CFunctionType | None"
 
 
 # ---------------------------------------------------------------------------------------
@@ -759,8 +519,19 @@ class LogSink:
 # ---------------------------------------------------------------------------------------
 # The loaded library
 # ---------------------------------------------------------------------------------------
+#: Function groups a library built from an older tree may lack without failing to load (the
+#: rest of kairox_py keeps working); calling one then raises KairoxError asking for a rebuild.
+_OPTIONAL_PREFIXES: tuple[str, ...] = ("kairox_balancer_",)
+
+
+def _missing_function(path: Path, name: str) -> Callable[..., Any]:
+    def missing(*_args: Any) -> Any:
+        raise KairoxError(f"{path} lacks {name}: rebuild it from this tree")
+    return missing
+
+
 class Library:
-    """libkairox with every prototype of :data:`_FUNCTIONS` bound as an attribute."""
+    """libkairox with every function declared by :func:`ctypes_function` bound to its prototype."""
 
     def __init__(self, path: Path, verbose: bool) -> None:
         self.path = path
@@ -768,8 +539,10 @@ class Library:
             self.cdll = ctypes.CDLL(str(path))
         except OSError as e:
             raise KairoxError(f"cannot load {path}: {e}") from None
+        #: C name -> the library's function with its argtypes and restype set
+        self.functions: dict[str, Callable[..., Any]] = {}
         missing = []
-        for name, argtypes, restype in _FUNCTIONS:
+        for name, (argtypes, restype) in _PROTOTYPES.items():
             try:
                 fn = getattr(self.cdll, name)
             except AttributeError:
@@ -777,35 +550,17 @@ class Library:
                 continue
             fn.argtypes = argtypes
             fn.restype = restype
-            setattr(self, name, fn)
+            self.functions[name] = fn
         required = [m for m in missing if not m.startswith(_OPTIONAL_PREFIXES)]
         if required:
             raise KairoxError(f"{path} lacks {', '.join(required)}: rebuild it from this tree")
         for name in missing:  # optional groups: fail only when used
-            setattr(self, name, _missing_function(path, name))
+            self.functions[name] = _missing_function(path, name)
         self.log = LogSink(verbose)
-        self.llama_log_set(self.log.callback, None)
-        self.llama_backend_init()
-
-    def __getattr__(self, name: str) -> Any:  # only reached for undeclared names
-        raise AttributeError(f"{name} is not declared in kairox_py._lib._FUNCTIONS")
-
-    def version(self) -> str:
-        return (self.kairox_version() or b"").decode()
-
-    def abi_sizeof(self, type_name: str) -> int | None:
-        """sizeof(type_name) as compiled into the library; None if it is not described."""
-        n = int(self.kairox_abi_sizeof(type_name.encode()))
-        return None if n == ctypes.c_size_t(-1).value else n
-
-    def profiler_eval_fn(self) -> int:
-        """Address of the C eval callback `kairox_profiler_eval` (for cparams.cb_eval)."""
-        return ctypes.cast(self.cdll.kairox_profiler_eval, c_void_p).value or 0
-
-    def abi_offsetof(self, type_name: str, field: str) -> int | None:
-        """offsetof(type_name, field) in the library; None if it is not described."""
-        n = int(self.kairox_abi_offsetof(type_name.encode(), field.encode()))
-        return None if n == ctypes.c_size_t(-1).value else n
+        # the bound functions themselves: the module-level ones would ask lib(), which is
+        # still constructing this object
+        self.functions["llama_log_set"](self.log.callback, None)
+        self.functions["llama_backend_init"]()
 
 
 def _env_verbose() -> bool:
@@ -821,3 +576,685 @@ def lib() -> Library:
 def set_verbose(verbose: bool) -> None:
     """Echo llama.cpp's log output to stderr (True) or keep it quiet (False)."""
     lib().log.verbose = verbose
+
+
+def take_log_errors() -> list[str]:
+    """llama.cpp's error messages logged since the last call: the reason behind a NULL result."""
+    return lib().log.take_errors()
+
+
+# ---------------------------------------------------------------------------------------
+# Declaring C functions
+# ---------------------------------------------------------------------------------------
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+#: Every declared C function, name -> (argtypes, restype), in declaration order: filled while
+#: this module is imported, bound by Library when the library loads.
+_PROTOTYPES: dict[str, tuple[tuple[Any, ...], Any]] = {}
+
+
+def ctypes_function(name: str, argtypes: Sequence[Any], restype: Any) -> Callable[[_F], _F]:
+    """Declare the C function `name` with its ctypes prototype; the decorated stub, named as in
+    C, gives the Python signature and is never run.
+
+    The result calls the library's function, loading the library on the first call
+    (:func:`lib`): declaring needs no library, so importing kairox_py works without a build.
+    """
+    def declare(stub: _F) -> _F:
+        if stub.__name__ != name or name in _PROTOTYPES:
+            raise TypeError(f"the declaration of {name} is misnamed or repeated")
+        _PROTOTYPES[name] = (tuple(argtypes), restype)
+
+        def call(*args: Any) -> Any:
+            return lib().functions[name](*args)
+
+        return cast(_F, functools.update_wrapper(call, stub))
+    return declare
+
+
+# --- kairox.h ---
+
+# const char * kairox_version(void);
+@ctypes_function("kairox_version", [], c_char_p)
+def kairox_version() -> bytes | None: ...
+
+
+# size_t kairox_abi_sizeof(const char * type_name);
+@ctypes_function("kairox_abi_sizeof", [c_char_p], c_size_t)
+def kairox_abi_sizeof(type_name: bytes | None, /) -> int: ...
+
+
+# size_t kairox_abi_offsetof(const char * type_name, const char * field_name);
+@ctypes_function("kairox_abi_offsetof", [c_char_p, c_char_p], c_size_t)
+def kairox_abi_offsetof(type_name: bytes | None, field_name: bytes | None, /) -> int: ...
+
+
+# const char * kairox_format_name(const char * id);
+@ctypes_function("kairox_format_name", [c_char_p], c_char_p)
+def kairox_format_name(id: bytes | None, /) -> bytes | None: ...
+
+
+# struct kairox_params kairox_default_params(void);
+@ctypes_function("kairox_default_params", [], kairox_params)
+def kairox_default_params() -> kairox_params: ...
+
+
+# struct llama_context * kairox_init_from_model(struct llama_model * model,
+#         struct llama_context_params cparams, const struct kairox_params * kparams);
+@ctypes_function("kairox_init_from_model",
+                 [llama_model_p, llama_context_params, POINTER(kairox_params)], llama_context_p)
+def kairox_init_from_model(model: Handle, cparams: llama_context_params,
+                           kparams: CPtr[kairox_params], /) -> int | None: ...
+
+
+# bool kairox_model_has_sparsity(const struct llama_model * model);
+@ctypes_function("kairox_model_has_sparsity", [llama_model_p], c_bool)
+def kairox_model_has_sparsity(model: Handle, /) -> bool: ...
+
+
+# bool kairox_model_has_predictor(const struct llama_model * model);
+@ctypes_function("kairox_model_has_predictor", [llama_model_p], c_bool)
+def kairox_model_has_predictor(model: Handle, /) -> bool: ...
+
+
+# bool kairox_model_has_threshold(const struct llama_model * model);
+@ctypes_function("kairox_model_has_threshold", [llama_model_p], c_bool)
+def kairox_model_has_threshold(model: Handle, /) -> bool: ...
+
+
+# int32_t kairox_context_mode(const struct llama_context * ctx);
+@ctypes_function("kairox_context_mode", [llama_context_p], c_int32)
+def kairox_context_mode(ctx: Handle, /) -> int: ...
+
+
+# int32_t kairox_get_layer_stats(const struct llama_context * ctx, struct kairox_layer_stats * out, int32_t n_max);
+@ctypes_function("kairox_get_layer_stats", [llama_context_p, POINTER(kairox_layer_stats), c_int32], c_int32)
+def kairox_get_layer_stats(ctx: Handle, out: CPtr[kairox_layer_stats], n_max: int, /) -> int: ...
+
+
+# void kairox_reset_stats(struct llama_context * ctx);
+@ctypes_function("kairox_reset_stats", [llama_context_p], None)
+def kairox_reset_stats(ctx: Handle, /) -> None: ...
+
+
+# --- hybrid runtime ---
+
+# int32_t kairox_hybrid_get_info(const struct llama_context * ctx, struct kairox_hybrid_info * out);
+@ctypes_function("kairox_hybrid_get_info", [llama_context_p, POINTER(kairox_hybrid_info)], c_int32)
+def kairox_hybrid_get_info(ctx: Handle, out: CPtr[kairox_hybrid_info], /) -> int: ...
+
+
+# int32_t kairox_hybrid_get_budget(const struct llama_context * ctx, struct kairox_hybrid_budget * out);
+@ctypes_function("kairox_hybrid_get_budget", [llama_context_p, POINTER(kairox_hybrid_budget)], c_int32)
+def kairox_hybrid_get_budget(ctx: Handle, out: CPtr[kairox_hybrid_budget], /) -> int: ...
+
+
+# int32_t kairox_hybrid_get_stats(const struct llama_context * ctx, struct kairox_hybrid_layer_stats * out, int32_t n_max);
+@ctypes_function("kairox_hybrid_get_stats",
+                 [llama_context_p, POINTER(kairox_hybrid_layer_stats), c_int32], c_int32)
+def kairox_hybrid_get_stats(ctx: Handle, out: CPtr[kairox_hybrid_layer_stats], n_max: int, /) -> int: ...
+
+
+# int32_t kairox_hybrid_get_lambda_trace(const struct llama_context * ctx, int32_t layer, float * out, int32_t n_max);
+@ctypes_function("kairox_hybrid_get_lambda_trace",
+                 [llama_context_p, c_int32, POINTER(c_float), c_int32], c_int32)
+def kairox_hybrid_get_lambda_trace(ctx: Handle, layer: int, out: CPtr[c_float], n_max: int, /) -> int: ...
+
+
+# int64_t kairox_hybrid_get_resident(const struct llama_context * ctx, int32_t layer, uint8_t * mask, int64_t n_max);
+@ctypes_function("kairox_hybrid_get_resident",
+                 [llama_context_p, c_int32, POINTER(c_uint8), c_int64], c_int64)
+def kairox_hybrid_get_resident(ctx: Handle, layer: int, mask: CPtr[c_uint8], n_max: int, /) -> int: ...
+
+
+# void kairox_hybrid_reset_stats(struct llama_context * ctx);
+@ctypes_function("kairox_hybrid_reset_stats", [llama_context_p], None)
+def kairox_hybrid_reset_stats(ctx: Handle, /) -> None: ...
+
+
+# bool kairox_set_op_timing(struct llama_context * ctx, bool enable);
+@ctypes_function("kairox_set_op_timing", [llama_context_p, c_bool], c_bool)
+def kairox_set_op_timing(ctx: Handle, enable: bool, /) -> bool: ...
+
+
+# int32_t kairox_get_op_times(const struct llama_context * ctx, struct kairox_op_time * out, int32_t n_max);
+@ctypes_function("kairox_get_op_times", [llama_context_p, POINTER(kairox_op_time), c_int32], c_int32)
+def kairox_get_op_times(ctx: Handle, out: CPtr[kairox_op_time], n_max: int, /) -> int: ...
+
+
+# void kairox_reset_op_times(struct llama_context * ctx);
+@ctypes_function("kairox_reset_op_times", [llama_context_p], None)
+def kairox_reset_op_times(ctx: Handle, /) -> None: ...
+
+
+# struct kairox_profiler * kairox_profiler_init(int32_t n_layer, int32_t n_embd, int32_t n_ff, int32_t max_tokens);
+@ctypes_function("kairox_profiler_init", [c_int32, c_int32, c_int32, c_int32], c_void_p)
+def kairox_profiler_init(n_layer: int, n_embd: int, n_ff: int, max_tokens: int, /) -> int | None: ...
+
+
+# void kairox_profiler_free(struct kairox_profiler * prof);
+@ctypes_function("kairox_profiler_free", [c_void_p], None)
+def kairox_profiler_free(prof: Handle, /) -> None: ...
+
+
+# void kairox_profiler_set_kinds(struct kairox_profiler * prof, uint32_t mask);
+@ctypes_function("kairox_profiler_set_kinds", [c_void_p, c_uint32], None)
+def kairox_profiler_set_kinds(prof: Handle, mask: int, /) -> None: ...
+
+
+# int32_t kairox_profiler_n_tokens(const struct kairox_profiler * prof, int32_t kind, int32_t layer);
+@ctypes_function("kairox_profiler_n_tokens", [c_void_p, c_int32, c_int32], c_int32)
+def kairox_profiler_n_tokens(prof: Handle, kind: int, layer: int, /) -> int: ...
+
+
+# int64_t kairox_profiler_get(const struct kairox_profiler * prof, int32_t kind, int32_t layer, float * dst, int64_t n_max);
+@ctypes_function("kairox_profiler_get", [c_void_p, c_int32, c_int32, POINTER(c_float), c_int64], c_int64)
+def kairox_profiler_get(prof: Handle, kind: int, layer: int, dst: CPtr[c_float], n_max: int, /) -> int: ...
+
+
+# void kairox_profiler_clear(struct kairox_profiler * prof);
+@ctypes_function("kairox_profiler_clear", [c_void_p], None)
+def kairox_profiler_clear(prof: Handle, /) -> None: ...
+
+
+# --- kairox.h: balancer ---
+
+# struct kairox_balancer_params kairox_balancer_default_params(void);
+@ctypes_function("kairox_balancer_default_params", [], kairox_balancer_params)
+def kairox_balancer_default_params() -> kairox_balancer_params: ...
+
+
+# const char * kairox_balancer_check_params(const struct kairox_balancer_params * params);
+@ctypes_function("kairox_balancer_check_params", [POINTER(kairox_balancer_params)], c_char_p)
+def kairox_balancer_check_params(params: CPtr[kairox_balancer_params], /) -> bytes | None: ...
+
+
+# struct kairox_balancer * kairox_balancer_init(const struct kairox_balancer_params * params);
+@ctypes_function("kairox_balancer_init", [POINTER(kairox_balancer_params)], c_void_p)
+def kairox_balancer_init(params: CPtr[kairox_balancer_params], /) -> int | None: ...
+
+
+# void kairox_balancer_free(struct kairox_balancer * bal);
+@ctypes_function("kairox_balancer_free", [c_void_p], None)
+def kairox_balancer_free(bal: Handle, /) -> None: ...
+
+
+# void kairox_balancer_reset(struct kairox_balancer * bal);
+@ctypes_function("kairox_balancer_reset", [c_void_p], None)
+def kairox_balancer_reset(bal: Handle, /) -> None: ...
+
+
+# int32_t kairox_balancer_group_intensity(const uint8_t * mask, int64_t n_neurons, int32_t group_size,
+#                                         float * out, int32_t n_max);
+@ctypes_function("kairox_balancer_group_intensity",
+                 [c_void_p, c_int64, c_int32, POINTER(c_float), c_int32], c_int32)
+def kairox_balancer_group_intensity(mask: VoidPtr, n_neurons: int, group_size: int, out: CPtr[c_float],
+                                    n_max: int, /) -> int: ...
+
+
+# void kairox_balancer_feedback(struct kairox_balancer * bal, int32_t layer, int32_t bottleneck);
+@ctypes_function("kairox_balancer_feedback", [c_void_p, c_int32, c_int32], None)
+def kairox_balancer_feedback(bal: Handle, layer: int, bottleneck: int, /) -> None: ...
+
+
+# int32_t kairox_balancer_step(struct kairox_balancer * bal, int32_t layer, const float * intensity, int32_t n_groups);
+@ctypes_function("kairox_balancer_step", [c_void_p, c_int32, POINTER(c_float), c_int32], c_int32)
+def kairox_balancer_step(bal: Handle, layer: int, intensity: CPtr[c_float], n_groups: int, /) -> int: ...
+
+
+# int64_t kairox_balancer_step_all(struct kairox_balancer * bal, const float * intensity, const int32_t * feedback);
+@ctypes_function("kairox_balancer_step_all", [c_void_p, POINTER(c_float), POINTER(c_int32)], c_int64)
+def kairox_balancer_step_all(bal: Handle, intensity: CPtr[c_float], feedback: CPtr[c_int32], /) -> int: ...
+
+
+# int64_t kairox_balancer_get_resident(const struct kairox_balancer * bal, int32_t layer, uint8_t * mask, int64_t n_max);
+@ctypes_function("kairox_balancer_get_resident", [c_void_p, c_int32, c_void_p, c_int64], c_int64)
+def kairox_balancer_get_resident(bal: Handle, layer: int, mask: VoidPtr, n_max: int, /) -> int: ...
+
+
+# int32_t kairox_balancer_get_loads(const struct kairox_balancer * bal, int32_t layer, int32_t * groups, int32_t n_max);
+@ctypes_function("kairox_balancer_get_loads", [c_void_p, c_int32, POINTER(c_int32), c_int32], c_int32)
+def kairox_balancer_get_loads(bal: Handle, layer: int, groups: CPtr[c_int32], n_max: int, /) -> int: ...
+
+
+# int32_t kairox_balancer_get_evicts(const struct kairox_balancer * bal, int32_t layer, int32_t * groups, int32_t n_max);
+@ctypes_function("kairox_balancer_get_evicts", [c_void_p, c_int32, POINTER(c_int32), c_int32], c_int32)
+def kairox_balancer_get_evicts(bal: Handle, layer: int, groups: CPtr[c_int32], n_max: int, /) -> int: ...
+
+
+# int64_t kairox_balancer_get_scores(const struct kairox_balancer * bal, int32_t layer, float * scores, int64_t n_max);
+@ctypes_function("kairox_balancer_get_scores", [c_void_p, c_int32, POINTER(c_float), c_int64], c_int64)
+def kairox_balancer_get_scores(bal: Handle, layer: int, scores: CPtr[c_float], n_max: int, /) -> int: ...
+
+
+# int32_t kairox_balancer_get_lambda(const struct kairox_balancer * bal, int32_t layer, float * lambda, int32_t n_max);
+@ctypes_function("kairox_balancer_get_lambda", [c_void_p, c_int32, POINTER(c_float), c_int32], c_int32)
+def kairox_balancer_get_lambda(bal: Handle, layer: int, lambdas: CPtr[c_float], n_max: int, /) -> int: ...
+
+
+# float kairox_balancer_get_load_cap(const struct kairox_balancer * bal, int32_t layer);
+@ctypes_function("kairox_balancer_get_load_cap", [c_void_p, c_int32], c_float)
+def kairox_balancer_get_load_cap(bal: Handle, layer: int, /) -> float: ...
+
+
+# --- ggml quantization (kairox convert: dequantize-transpose-requantize of ffn_down) ---
+
+# size_t ggml_quantize_chunk(enum ggml_type type, const float * src, void * dst, int64_t start,
+#                            int64_t nrows, int64_t n_per_row, const float * imatrix);
+@ctypes_function("ggml_quantize_chunk",
+                 [c_enum, POINTER(c_float), c_void_p, c_int64, c_int64, c_int64, POINTER(c_float)], c_size_t)
+def ggml_quantize_chunk(type: int, src: CPtr[c_float], dst: VoidPtr, start: int, nrows: int, n_per_row: int,
+                        imatrix: CPtr[c_float], /) -> int: ...
+
+
+# bool ggml_quantize_requires_imatrix(enum ggml_type type);
+@ctypes_function("ggml_quantize_requires_imatrix", [c_enum], c_bool)
+def ggml_quantize_requires_imatrix(type: int, /) -> bool: ...
+
+
+# size_t ggml_row_size(enum ggml_type type, int64_t ne);
+@ctypes_function("ggml_row_size", [c_enum, c_int64], c_size_t)
+def ggml_row_size(type: int, ne: int, /) -> int: ...
+
+
+# --- ggml-backend.h / ggml-cpu.h: devices (where the hybrid runtime's cache can live) ---
+
+# size_t ggml_backend_dev_count(void);
+@ctypes_function("ggml_backend_dev_count", [], c_size_t)
+def ggml_backend_dev_count() -> int: ...
+
+
+# ggml_backend_dev_t ggml_backend_dev_get(size_t index);
+@ctypes_function("ggml_backend_dev_get", [c_size_t], c_void_p)
+def ggml_backend_dev_get(index: int, /) -> int | None: ...
+
+
+# enum ggml_backend_dev_type ggml_backend_dev_type(ggml_backend_dev_t device);
+@ctypes_function("ggml_backend_dev_type", [c_void_p], c_enum)
+def ggml_backend_dev_type(device: Handle, /) -> int: ...
+
+
+# ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type(void);
+@ctypes_function("ggml_backend_cpu_buffer_type", [], c_void_p)
+def ggml_backend_cpu_buffer_type() -> int | None: ...
+
+
+# --- backend and logging ---
+
+# const char * llama_version(void);
+@ctypes_function("llama_version", [], c_char_p)
+def llama_version() -> bytes | None: ...
+
+
+# void llama_backend_init(void);
+@ctypes_function("llama_backend_init", [], None)
+def llama_backend_init() -> None: ...
+
+
+# void llama_log_set(ggml_log_callback log_callback, void * user_data);
+@ctypes_function("llama_log_set", [ggml_log_callback, c_void_p], None)
+def llama_log_set(log_callback: CallbackPtr, user_data: VoidPtr, /) -> None: ...
+
+
+# const char * llama_print_system_info(void);
+@ctypes_function("llama_print_system_info", [], c_char_p)
+def llama_print_system_info() -> bytes | None: ...
+
+
+# bool llama_supports_gpu_offload(void);
+@ctypes_function("llama_supports_gpu_offload", [], c_bool)
+def llama_supports_gpu_offload() -> bool: ...
+
+
+# --- default parameters ---
+
+# struct llama_model_params llama_model_default_params(void);
+@ctypes_function("llama_model_default_params", [], llama_model_params)
+def llama_model_default_params() -> llama_model_params: ...
+
+
+# struct llama_context_params llama_context_default_params(void);
+@ctypes_function("llama_context_default_params", [], llama_context_params)
+def llama_context_default_params() -> llama_context_params: ...
+
+
+# struct llama_sampler_chain_params llama_sampler_chain_default_params(void);
+@ctypes_function("llama_sampler_chain_default_params", [], llama_sampler_chain_params)
+def llama_sampler_chain_default_params() -> llama_sampler_chain_params: ...
+
+
+# --- model ---
+
+# struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
+@ctypes_function("llama_model_load_from_file", [c_char_p, llama_model_params], llama_model_p)
+def llama_model_load_from_file(path_model: bytes | None, params: llama_model_params, /) -> int | None: ...
+
+
+# void llama_model_free(struct llama_model * model);
+@ctypes_function("llama_model_free", [llama_model_p], None)
+def llama_model_free(model: Handle, /) -> None: ...
+
+
+# const struct llama_vocab * llama_model_get_vocab(const struct llama_model * model);
+# (the address of the model's own vocab: never NULL)
+@ctypes_function("llama_model_get_vocab", [llama_model_p], llama_vocab_p)
+def llama_model_get_vocab(model: Handle, /) -> int: ...
+
+
+# int32_t llama_model_n_ctx_train(const struct llama_model * model);
+@ctypes_function("llama_model_n_ctx_train", [llama_model_p], c_int32)
+def llama_model_n_ctx_train(model: Handle, /) -> int: ...
+
+
+# int32_t llama_model_n_embd(const struct llama_model * model);
+@ctypes_function("llama_model_n_embd", [llama_model_p], c_int32)
+def llama_model_n_embd(model: Handle, /) -> int: ...
+
+
+# int32_t llama_model_n_layer(const struct llama_model * model);
+@ctypes_function("llama_model_n_layer", [llama_model_p], c_int32)
+def llama_model_n_layer(model: Handle, /) -> int: ...
+
+
+# int32_t llama_model_n_head(const struct llama_model * model);
+@ctypes_function("llama_model_n_head", [llama_model_p], c_int32)
+def llama_model_n_head(model: Handle, /) -> int: ...
+
+
+# int32_t llama_model_n_head_kv(const struct llama_model * model);
+@ctypes_function("llama_model_n_head_kv", [llama_model_p], c_int32)
+def llama_model_n_head_kv(model: Handle, /) -> int: ...
+
+
+# int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t buf_size);
+@ctypes_function("llama_model_desc", [llama_model_p, c_char_p, c_size_t], c_int32)
+def llama_model_desc(model: Handle, buf: CCharBuffer, buf_size: int, /) -> int: ...
+
+
+# uint64_t llama_model_size(const struct llama_model * model);
+@ctypes_function("llama_model_size", [llama_model_p], c_uint64)
+def llama_model_size(model: Handle, /) -> int: ...
+
+
+# uint64_t llama_model_n_params(const struct llama_model * model);
+@ctypes_function("llama_model_n_params", [llama_model_p], c_uint64)
+def llama_model_n_params(model: Handle, /) -> int: ...
+
+
+# bool llama_model_has_decoder(const struct llama_model * model);
+@ctypes_function("llama_model_has_decoder", [llama_model_p], c_bool)
+def llama_model_has_decoder(model: Handle, /) -> bool: ...
+
+
+# bool llama_model_has_encoder(const struct llama_model * model);
+@ctypes_function("llama_model_has_encoder", [llama_model_p], c_bool)
+def llama_model_has_encoder(model: Handle, /) -> bool: ...
+
+
+# const char * llama_model_chat_template(const struct llama_model * model, const char * name);
+@ctypes_function("llama_model_chat_template", [llama_model_p, c_char_p], c_char_p)
+def llama_model_chat_template(model: Handle, name: bytes | None, /) -> bytes | None: ...
+
+
+# int32_t llama_model_meta_count(const struct llama_model * model);
+@ctypes_function("llama_model_meta_count", [llama_model_p], c_int32)
+def llama_model_meta_count(model: Handle, /) -> int: ...
+
+
+# int32_t llama_model_meta_key_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
+@ctypes_function("llama_model_meta_key_by_index", [llama_model_p, c_int32, c_char_p, c_size_t], c_int32)
+def llama_model_meta_key_by_index(model: Handle, i: int, buf: CCharBuffer, buf_size: int, /) -> int: ...
+
+
+# int32_t llama_model_meta_val_str_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
+@ctypes_function("llama_model_meta_val_str_by_index", [llama_model_p, c_int32, c_char_p, c_size_t], c_int32)
+def llama_model_meta_val_str_by_index(model: Handle, i: int, buf: CCharBuffer, buf_size: int, /) -> int: ...
+
+
+# --- vocab and tokenization ---
+
+# int32_t llama_vocab_n_tokens(const struct llama_vocab * vocab);
+@ctypes_function("llama_vocab_n_tokens", [llama_vocab_p], c_int32)
+def llama_vocab_n_tokens(vocab: Handle, /) -> int: ...
+
+
+# bool llama_vocab_is_eog(const struct llama_vocab * vocab, llama_token token);
+@ctypes_function("llama_vocab_is_eog", [llama_vocab_p, llama_token], c_bool)
+def llama_vocab_is_eog(vocab: Handle, token: int, /) -> bool: ...
+
+
+# llama_token llama_vocab_bos(const struct llama_vocab * vocab);
+@ctypes_function("llama_vocab_bos", [llama_vocab_p], llama_token)
+def llama_vocab_bos(vocab: Handle, /) -> int: ...
+
+
+# llama_token llama_vocab_eos(const struct llama_vocab * vocab);
+@ctypes_function("llama_vocab_eos", [llama_vocab_p], llama_token)
+def llama_vocab_eos(vocab: Handle, /) -> int: ...
+
+
+# bool llama_vocab_get_add_bos(const struct llama_vocab * vocab);
+@ctypes_function("llama_vocab_get_add_bos", [llama_vocab_p], c_bool)
+def llama_vocab_get_add_bos(vocab: Handle, /) -> bool: ...
+
+
+# int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len,
+#                        llama_token * tokens, int32_t n_tokens_max, bool add_special, bool parse_special);
+@ctypes_function("llama_tokenize",
+                 [llama_vocab_p, c_char_p, c_int32, POINTER(llama_token), c_int32, c_bool, c_bool], c_int32)
+def llama_tokenize(vocab: Handle, text: bytes | None, text_len: int, tokens: CPtr[llama_token],
+                   n_tokens_max: int, add_special: bool, parse_special: bool, /) -> int: ...
+
+
+# int32_t llama_token_to_piece(const struct llama_vocab * vocab, llama_token token, char * buf,
+#                              int32_t length, int32_t lstrip, bool special);
+@ctypes_function("llama_token_to_piece",
+                 [llama_vocab_p, llama_token, c_char_p, c_int32, c_int32, c_bool], c_int32)
+def llama_token_to_piece(vocab: Handle, token: int, buf: CCharBuffer, length: int, lstrip: int,
+                         special: bool, /) -> int: ...
+
+
+# int32_t llama_detokenize(const struct llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
+#                          char * text, int32_t text_len_max, bool remove_special, bool unparse_special);
+@ctypes_function("llama_detokenize",
+                 [llama_vocab_p, POINTER(llama_token), c_int32, c_char_p, c_int32, c_bool, c_bool], c_int32)
+def llama_detokenize(vocab: Handle, tokens: CPtr[llama_token], n_tokens: int, text: CCharBuffer,
+                     text_len_max: int, remove_special: bool, unparse_special: bool, /) -> int: ...
+
+
+# int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_message * chat, size_t n_msg,
+#                                   bool add_ass, char * buf, int32_t length);
+@ctypes_function("llama_chat_apply_template",
+                 [c_char_p, POINTER(llama_chat_message), c_size_t, c_bool, c_char_p, c_int32], c_int32)
+def llama_chat_apply_template(tmpl: bytes | None, chat: CPtr[llama_chat_message], n_msg: int, add_ass: bool,
+                              buf: CCharBuffer, length: int, /) -> int: ...
+
+
+# --- context ---
+
+# struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
+@ctypes_function("llama_init_from_model", [llama_model_p, llama_context_params], llama_context_p)
+def llama_init_from_model(model: Handle, params: llama_context_params, /) -> int | None: ...
+
+
+# void llama_free(struct llama_context * ctx);
+@ctypes_function("llama_free", [llama_context_p], None)
+def llama_free(ctx: Handle, /) -> None: ...
+
+
+# uint32_t llama_n_ctx(const struct llama_context * ctx);
+@ctypes_function("llama_n_ctx", [llama_context_p], c_uint32)
+def llama_n_ctx(ctx: Handle, /) -> int: ...
+
+
+# uint32_t llama_n_batch(const struct llama_context * ctx);
+@ctypes_function("llama_n_batch", [llama_context_p], c_uint32)
+def llama_n_batch(ctx: Handle, /) -> int: ...
+
+
+# uint32_t llama_n_ubatch(const struct llama_context * ctx);
+@ctypes_function("llama_n_ubatch", [llama_context_p], c_uint32)
+def llama_n_ubatch(ctx: Handle, /) -> int: ...
+
+
+# int32_t llama_n_threads(struct llama_context * ctx);
+@ctypes_function("llama_n_threads", [llama_context_p], c_int32)
+def llama_n_threads(ctx: Handle, /) -> int: ...
+
+
+# void llama_set_n_threads(struct llama_context * ctx, int32_t n_threads, int32_t n_threads_batch);
+@ctypes_function("llama_set_n_threads", [llama_context_p, c_int32, c_int32], None)
+def llama_set_n_threads(ctx: Handle, n_threads: int, n_threads_batch: int, /) -> None: ...
+
+
+# llama_memory_t llama_get_memory(const struct llama_context * ctx);
+@ctypes_function("llama_get_memory", [llama_context_p], llama_memory_t)
+def llama_get_memory(ctx: Handle, /) -> int | None: ...
+
+
+# void llama_memory_clear(llama_memory_t mem, bool data);
+@ctypes_function("llama_memory_clear", [llama_memory_t, c_bool], None)
+def llama_memory_clear(mem: Handle, data: bool, /) -> None: ...
+
+
+# bool llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
+@ctypes_function("llama_memory_seq_rm", [llama_memory_t, llama_seq_id, llama_pos, llama_pos], c_bool)
+def llama_memory_seq_rm(mem: Handle, seq_id: int, p0: int, p1: int, /) -> bool: ...
+
+
+# llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id);
+@ctypes_function("llama_memory_seq_pos_max", [llama_memory_t, llama_seq_id], llama_pos)
+def llama_memory_seq_pos_max(mem: Handle, seq_id: int, /) -> int: ...
+
+
+# --- decoding ---
+
+# struct llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max);
+@ctypes_function("llama_batch_init", [c_int32, c_int32, c_int32], llama_batch)
+def llama_batch_init(n_tokens: int, embd: int, n_seq_max: int, /) -> llama_batch: ...
+
+
+# void llama_batch_free(struct llama_batch batch);
+@ctypes_function("llama_batch_free", [llama_batch], None)
+def llama_batch_free(batch: llama_batch, /) -> None: ...
+
+
+# int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch);
+@ctypes_function("llama_decode", [llama_context_p, llama_batch], c_int32)
+def llama_decode(ctx: Handle, batch: llama_batch, /) -> int: ...
+
+
+# float * llama_get_logits(struct llama_context * ctx);
+@ctypes_function("llama_get_logits", [llama_context_p], POINTER(c_float))
+def llama_get_logits(ctx: Handle, /) -> CPointer[c_float]: ...
+
+
+# float * llama_get_logits_ith(struct llama_context * ctx, int32_t i);
+@ctypes_function("llama_get_logits_ith", [llama_context_p, c_int32], POINTER(c_float))
+def llama_get_logits_ith(ctx: Handle, i: int, /) -> CPointer[c_float]: ...
+
+
+# --- sampling ---
+
+# struct llama_sampler * llama_sampler_chain_init(struct llama_sampler_chain_params params);
+@ctypes_function("llama_sampler_chain_init", [llama_sampler_chain_params], llama_sampler_p)
+def llama_sampler_chain_init(params: llama_sampler_chain_params, /) -> int | None: ...
+
+
+# void llama_sampler_chain_add(struct llama_sampler * chain, struct llama_sampler * smpl);
+@ctypes_function("llama_sampler_chain_add", [llama_sampler_p, llama_sampler_p], None)
+def llama_sampler_chain_add(chain: Handle, smpl: Handle, /) -> None: ...
+
+
+# struct llama_sampler * llama_sampler_init_greedy(void);
+@ctypes_function("llama_sampler_init_greedy", [], llama_sampler_p)
+def llama_sampler_init_greedy() -> int | None: ...
+
+
+# struct llama_sampler * llama_sampler_init_dist(uint32_t seed);
+@ctypes_function("llama_sampler_init_dist", [c_uint32], llama_sampler_p)
+def llama_sampler_init_dist(seed: int, /) -> int | None: ...
+
+
+# struct llama_sampler * llama_sampler_init_top_k(int32_t k);
+@ctypes_function("llama_sampler_init_top_k", [c_int32], llama_sampler_p)
+def llama_sampler_init_top_k(k: int, /) -> int | None: ...
+
+
+# struct llama_sampler * llama_sampler_init_top_p(float p, size_t min_keep);
+@ctypes_function("llama_sampler_init_top_p", [c_float, c_size_t], llama_sampler_p)
+def llama_sampler_init_top_p(p: float, min_keep: int, /) -> int | None: ...
+
+
+# struct llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep);
+@ctypes_function("llama_sampler_init_min_p", [c_float, c_size_t], llama_sampler_p)
+def llama_sampler_init_min_p(p: float, min_keep: int, /) -> int | None: ...
+
+
+# struct llama_sampler * llama_sampler_init_temp(float t);
+@ctypes_function("llama_sampler_init_temp", [c_float], llama_sampler_p)
+def llama_sampler_init_temp(t: float, /) -> int | None: ...
+
+
+# struct llama_sampler * llama_sampler_init_logit_bias(int32_t n_vocab, int32_t n_logit_bias,
+#                                                      const llama_logit_bias * logit_bias);
+@ctypes_function("llama_sampler_init_logit_bias",
+                 [c_int32, c_int32, POINTER(llama_logit_bias)], llama_sampler_p)
+def llama_sampler_init_logit_bias(n_vocab: int, n_logit_bias: int,
+                                  logit_bias: CPtr[llama_logit_bias], /) -> int | None: ...
+
+
+# llama_token llama_sampler_sample(struct llama_sampler * smpl, struct llama_context * ctx, int32_t idx);
+@ctypes_function("llama_sampler_sample", [llama_sampler_p, llama_context_p, c_int32], llama_token)
+def llama_sampler_sample(smpl: Handle, ctx: Handle, idx: int, /) -> int: ...
+
+
+# void llama_sampler_reset(struct llama_sampler * smpl);
+@ctypes_function("llama_sampler_reset", [llama_sampler_p], None)
+def llama_sampler_reset(smpl: Handle, /) -> None: ...
+
+
+# void llama_sampler_free(struct llama_sampler * smpl);
+@ctypes_function("llama_sampler_free", [llama_sampler_p], None)
+def llama_sampler_free(smpl: Handle, /) -> None: ...
+
+
+# --- performance ---
+
+# struct llama_perf_context_data llama_perf_context(const struct llama_context * ctx);
+@ctypes_function("llama_perf_context", [llama_context_p], llama_perf_context_data)
+def llama_perf_context(ctx: Handle, /) -> llama_perf_context_data: ...
+
+
+# void llama_perf_context_reset(struct llama_context * ctx);
+@ctypes_function("llama_perf_context_reset", [llama_context_p], None)
+def llama_perf_context_reset(ctx: Handle, /) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers over the declarations
+# ---------------------------------------------------------------------------------------
+#: what kairox_abi_sizeof / kairox_abi_offsetof return for a name they do not describe
+_ABI_UNKNOWN = ctypes.c_size_t(-1).value
+
+
+def version() -> str:
+    """The library's own version string (``kairox_version``)."""
+    return (kairox_version() or b"").decode()
+
+
+def abi_sizeof(type_name: str) -> int | None:
+    """sizeof(type_name) as compiled into the library; None if it is not described."""
+    n = int(kairox_abi_sizeof(type_name.encode()))
+    return None if n == _ABI_UNKNOWN else n
+
+
+def abi_offsetof(type_name: str, field: str) -> int | None:
+    """offsetof(type_name, field) in the library; None if it is not described."""
+    n = int(kairox_abi_offsetof(type_name.encode(), field.encode()))
+    return None if n == _ABI_UNKNOWN else n
+
+
+def profiler_eval_fn() -> int:
+    """Address of the C eval callback ``kairox_profiler_eval`` (for llama_context_params.cb_eval)."""
+    return ctypes.cast(lib().cdll.kairox_profiler_eval, c_void_p).value or 0

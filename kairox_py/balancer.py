@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -80,8 +81,7 @@ class Balancer:
                  group_freq: np.ndarray | None = None) -> None:
         config = config or BalancerConfig()
         config.validate()
-        lib = _lib.lib()
-        self._lib = lib
+        _lib.lib()  # a missing library is reported before any argument
         self.config = config
         self.n_groups = np.asarray(n_groups, dtype=np.int32).copy()
         self.budget = np.asarray(budget, dtype=np.int32).copy()
@@ -90,7 +90,7 @@ class Balancer:
         self.n_layer = len(self.n_groups)
         self.total_groups = int(self.n_groups.sum())
         self.offsets = np.concatenate([[0], np.cumsum(self.n_groups)]).astype(np.int64)
-        p = lib.kairox_balancer_default_params()
+        p = _lib.kairox_balancer_default_params()
         p.policy = POLICIES[config.policy]
         p.n_layer = self.n_layer
         keep = [_c_array(self.n_groups, ctypes.c_int32, "n_groups"),
@@ -106,14 +106,14 @@ class Balancer:
         p.lambda_init, p.lambda_min, p.lambda_max = config.lambda_init, config.lambda_min, config.lambda_max
         p.alpha, p.eps = config.alpha, config.eps
         p.max_loads, p.adapt_cap = config.max_loads, config.adapt_cap
-        err = lib.kairox_balancer_check_params(ctypes.byref(p))
+        err = _lib.kairox_balancer_check_params(ctypes.byref(p))
         if err:
             raise KairoxError(err.decode())
-        ptr = lib.kairox_balancer_init(ctypes.byref(p))
+        ptr = _lib.kairox_balancer_init(ctypes.byref(p))
         if not ptr:
             raise KairoxError("kairox_balancer_init failed")
         self._ptr: int | None = int(ptr)
-        self._finalizer = weakref.finalize(self, lib.kairox_balancer_free, ptr)
+        self._finalizer = weakref.finalize(self, _lib.kairox_balancer_free, ptr)
         self._lambda_buf = np.empty(self.n_layer, dtype=np.float32)
 
     # -- lifetime ------------------------------------------------------------------------
@@ -135,7 +135,7 @@ class Balancer:
 
     def reset(self) -> None:
         """Back to the initial placement, scores and lambda."""
-        self._lib.kairox_balancer_reset(self.ptr)
+        _lib.kairox_balancer_reset(self.ptr)
 
     # -- stepping ------------------------------------------------------------------------
     def _layer(self, layer: int, allow_all: bool = False) -> int:
@@ -146,13 +146,13 @@ class Balancer:
     def feedback(self, layer: int, bottleneck: str | int) -> None:
         """Adapt lambda (and the load cap) of a layer (-1: all) to the last step's bottleneck."""
         b = BOTTLENECKS[bottleneck] if isinstance(bottleneck, str) else int(bottleneck)
-        self._lib.kairox_balancer_feedback(self.ptr, self._layer(layer, True), b)
+        _lib.kairox_balancer_feedback(self.ptr, self._layer(layer, True), b)
 
     def step(self, layer: int, intensity: np.ndarray) -> int:
         """One decode step of one layer; returns the number of loads."""
         a = np.ascontiguousarray(intensity, dtype=np.float32)
-        n = int(self._lib.kairox_balancer_step(self.ptr, self._layer(layer), a.ctypes.data_as(_F32P),
-                                               a.size))
+        n = int(_lib.kairox_balancer_step(self.ptr, self._layer(layer), a.ctypes.data_as(_F32P),
+                                          a.size))
         if n < 0:
             raise KairoxError(f"layer {layer} has {self.n_groups[layer]} groups, got {a.size} intensities")
         return n
@@ -172,7 +172,7 @@ class Balancer:
                 else np.ascontiguousarray(feedback, dtype=np.int32)
             if fb.size != self.n_layer:
                 raise KairoxError(f"expected {self.n_layer} feedback values, got {fb.size}")
-        return int(self._lib.kairox_balancer_step_all(
+        return int(_lib.kairox_balancer_step_all(
             self.ptr, a.ctypes.data_as(_F32P), fb.ctypes.data_as(_I32P) if fb is not None else None))
 
     @staticmethod
@@ -182,8 +182,8 @@ class Balancer:
         if group_size < 1 or m.size % group_size:
             raise KairoxError(f"group size {group_size} does not divide {m.size} neurons")
         out = np.empty(m.size // group_size, dtype=np.float32)
-        n = _lib.lib().kairox_balancer_group_intensity(m.ctypes.data, m.size, group_size,
-                                                       out.ctypes.data_as(_F32P), out.size)
+        n = _lib.kairox_balancer_group_intensity(m.ctypes.data, m.size, group_size,
+                                                 out.ctypes.data_as(_F32P), out.size)
         if n != out.size:
             raise KairoxError("kairox_balancer_group_intensity failed")
         return out
@@ -191,8 +191,8 @@ class Balancer:
     # -- results of the last step --------------------------------------------------------
     def resident_into(self, out: np.ndarray, layer: int = -1) -> np.ndarray:
         """Fill a uint8 buffer with the resident mask (layer -1: all layers concatenated)."""
-        n = int(self._lib.kairox_balancer_get_resident(self.ptr, self._layer(layer, True),
-                                                       out.ctypes.data, out.size))
+        n = int(_lib.kairox_balancer_get_resident(self.ptr, self._layer(layer, True),
+                                                  out.ctypes.data, out.size))
         if n != out.size or out.dtype != np.uint8:
             raise KairoxError(f"resident buffer needs {n} uint8 entries")
         return out
@@ -202,24 +202,23 @@ class Balancer:
         size = self.total_groups if layer == -1 else int(self.n_groups[self._layer(layer)])
         return self.resident_into(np.empty(size, dtype=np.uint8), layer).astype(bool)
 
-    def _list(self, fn: str, layer: int) -> np.ndarray:
-        call = getattr(self._lib, fn)
+    def _list(self, fn: Callable[[int, int, Any, int], int], layer: int) -> np.ndarray:
         cap = int(self.n_groups[self._layer(layer)])
         out = np.empty(cap, dtype=np.int32)
-        n = int(call(self.ptr, layer, out.ctypes.data_as(_I32P), cap))
+        n = int(fn(self.ptr, layer, out.ctypes.data_as(_I32P), cap))
         return out[:n].copy()
 
     def loads(self, layer: int) -> np.ndarray:
         """Groups loaded by the last step of `layer`, highest score first."""
-        return self._list("kairox_balancer_get_loads", layer)
+        return self._list(_lib.kairox_balancer_get_loads, layer)
 
     def evicts(self, layer: int) -> np.ndarray:
         """Groups evicted by the last step of `layer`, lowest score first."""
-        return self._list("kairox_balancer_get_evicts", layer)
+        return self._list(_lib.kairox_balancer_get_evicts, layer)
 
     def scores_into(self, out: np.ndarray, layer: int = -1) -> np.ndarray:
-        n = int(self._lib.kairox_balancer_get_scores(self.ptr, self._layer(layer, True),
-                                                     out.ctypes.data_as(_F32P), out.size))
+        n = int(_lib.kairox_balancer_get_scores(self.ptr, self._layer(layer, True),
+                                                out.ctypes.data_as(_F32P), out.size))
         if n != out.size or out.dtype != np.float32:
             raise KairoxError(f"score buffer needs {n} float32 entries")
         return out
@@ -231,14 +230,14 @@ class Balancer:
 
     def lambdas(self) -> np.ndarray:
         """Current decay lambda of every layer (a copy)."""
-        self._lib.kairox_balancer_get_lambda(self.ptr, -1, self._lambda_buf.ctypes.data_as(_F32P),
-                                             self.n_layer)
+        _lib.kairox_balancer_get_lambda(self.ptr, -1, self._lambda_buf.ctypes.data_as(_F32P),
+                                        self.n_layer)
         return self._lambda_buf.copy()
 
     def lambdas_into(self, out: np.ndarray) -> np.ndarray:
-        self._lib.kairox_balancer_get_lambda(self.ptr, -1, out.ctypes.data_as(_F32P), out.size)
+        _lib.kairox_balancer_get_lambda(self.ptr, -1, out.ctypes.data_as(_F32P), out.size)
         return out
 
     def load_cap(self, layer: int) -> float:
         """The layer's load cap per step (-1: none)."""
-        return float(self._lib.kairox_balancer_get_load_cap(self.ptr, self._layer(layer)))
+        return float(_lib.kairox_balancer_get_load_cap(self.ptr, self._layer(layer)))

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import weakref
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def _read_string(call: Any, *args: Any, initial: int = 256) -> str:
+def _read_string(call: Callable[..., int], *args: Any, initial: int = 256) -> str:
     """Call a llama.cpp `(…, char * buf, size_t buf_size) -> length` function, growing buf."""
     size = initial
     while True:
@@ -73,10 +73,9 @@ def _load_failure_reason(errors: list[str]) -> str:
 def has_gpu() -> bool:
     """Whether the library sees a GPU (a CUDA build on a machine with one): where the hybrid
     runtime keeps its neuron-group cache; without one it uses the CPU stand-in device."""
-    lib = _lib.lib()
-    return any(lib.ggml_backend_dev_type(lib.ggml_backend_dev_get(i)) in
+    return any(_lib.ggml_backend_dev_type(_lib.ggml_backend_dev_get(i)) in
                (_lib.GGML_BACKEND_DEVICE_TYPE_GPU, _lib.GGML_BACKEND_DEVICE_TYPE_IGPU)
-               for i in range(lib.ggml_backend_dev_count()))
+               for i in range(_lib.ggml_backend_dev_count()))
 
 
 class Model:
@@ -95,15 +94,14 @@ class Model:
         cache). Without a GPU it changes nothing."""
         self.path = Path(path)
         _check_gguf_file(self.path)
-        lib = _lib.lib()
-        params = lib.llama_model_default_params()
+        params = _lib.llama_model_default_params()
         if n_gpu_layers is not None:
             params.n_gpu_layers = n_gpu_layers
         self._overrides = None  # kept alive while the model loads
         if ffn_on_host and has_gpu():
             arr = (_lib.llama_model_tensor_buft_override * 2)()
             arr[0].pattern = b"ffn_"
-            arr[0].buft = lib.ggml_backend_cpu_buffer_type()
+            arr[0].buft = _lib.ggml_backend_cpu_buffer_type()
             self._overrides = arr
             params.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
             if n_gpu_layers is None:
@@ -114,17 +112,16 @@ class Model:
             # (a mapped file stays on 4 KiB pages): sparse decode reads scattered rows, and
             # with small pages nearly every row costs a TLB miss.
             params.load_mode = _lib.LLAMA_LOAD_MODE_NONE
-        lib.log.take_errors()  # drop stale messages so the reason below is ours
-        ptr = lib.llama_model_load_from_file(os.fsencode(self.path), params)
+        _lib.take_log_errors()  # drop stale messages so the reason below is ours
+        ptr = _lib.llama_model_load_from_file(os.fsencode(self.path), params)
         if not ptr:
-            reason = _load_failure_reason(lib.log.take_errors())
+            reason = _load_failure_reason(_lib.take_log_errors())
             raise KairoxError(f"cannot load model {self.path}: {reason}")
-        self._lib = lib
         self._ptr: int | None = ptr
         self.vocab_only = vocab_only
-        self._vocab = lib.llama_model_get_vocab(ptr)
+        self._vocab = _lib.llama_model_get_vocab(ptr)
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
-        self._finalizer = weakref.finalize(self, lib.llama_model_free, ptr)
+        self._finalizer = weakref.finalize(self, _lib.llama_model_free, ptr)
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
@@ -165,11 +162,11 @@ class Model:
     # -- properties ----------------------------------------------------------------------
     @property
     def n_layer(self) -> int:
-        return int(self._lib.llama_model_n_layer(self.ptr))
+        return int(_lib.llama_model_n_layer(self.ptr))
 
     @property
     def n_embd(self) -> int:
-        return int(self._lib.llama_model_n_embd(self.ptr))
+        return int(_lib.llama_model_n_embd(self.ptr))
 
     @property
     def arch(self) -> str:
@@ -188,73 +185,73 @@ class Model:
     @property
     def has_sparsity(self) -> bool:
         """Whether the GGUF carries Kairox sparsity data."""
-        return bool(self._lib.kairox_model_has_sparsity(self.ptr))
+        return bool(_lib.kairox_model_has_sparsity(self.ptr))
 
     @property
     def has_predictor(self) -> bool:
-        return bool(self._lib.kairox_model_has_predictor(self.ptr))
+        return bool(_lib.kairox_model_has_predictor(self.ptr))
 
     @property
     def n_head(self) -> int:
-        return int(self._lib.llama_model_n_head(self.ptr))
+        return int(_lib.llama_model_n_head(self.ptr))
 
     @property
     def n_head_kv(self) -> int:
-        return int(self._lib.llama_model_n_head_kv(self.ptr))
+        return int(_lib.llama_model_n_head_kv(self.ptr))
 
     @property
     def n_vocab(self) -> int:
-        return int(self._lib.llama_vocab_n_tokens(self.vocab_ptr))
+        return int(_lib.llama_vocab_n_tokens(self.vocab_ptr))
 
     @property
     def n_ctx_train(self) -> int:
-        return int(self._lib.llama_model_n_ctx_train(self.ptr))
+        return int(_lib.llama_model_n_ctx_train(self.ptr))
 
     @property
     def n_params(self) -> int:
-        return int(self._lib.llama_model_n_params(self.ptr))
+        return int(_lib.llama_model_n_params(self.ptr))
 
     @property
     def size(self) -> int:
         """Total bytes of all tensors."""
-        return int(self._lib.llama_model_size(self.ptr))
+        return int(_lib.llama_model_size(self.ptr))
 
     @property
     def desc(self) -> str:
         """llama.cpp's one-line description, e.g. 'llama ?B Q4_1'."""
-        return _read_string(self._lib.llama_model_desc, self.ptr)
+        return _read_string(_lib.llama_model_desc, self.ptr)
 
     @functools.cached_property
     def metadata(self) -> dict[str, str]:
         """GGUF metadata as strings (arrays appear as llama.cpp summarises them)."""
-        lib, ptr = self._lib, self.ptr
+        ptr = self.ptr
         out = {}
-        for i in range(lib.llama_model_meta_count(ptr)):
-            key = _read_string(lib.llama_model_meta_key_by_index, ptr, i)
-            out[key] = _read_string(lib.llama_model_meta_val_str_by_index, ptr, i)
+        for i in range(_lib.llama_model_meta_count(ptr)):
+            key = _read_string(_lib.llama_model_meta_key_by_index, ptr, i)
+            out[key] = _read_string(_lib.llama_model_meta_val_str_by_index, ptr, i)
         return out
 
     @property
     def chat_template(self) -> str | None:
         """The model's default chat template (Jinja source), or None."""
-        raw = self._lib.llama_model_chat_template(self.ptr, None)
+        raw = _lib.llama_model_chat_template(self.ptr, None)
         return raw.decode("utf-8", errors="replace") if raw else None
 
     @property
     def bos(self) -> int:
-        return int(self._lib.llama_vocab_bos(self.vocab_ptr))
+        return int(_lib.llama_vocab_bos(self.vocab_ptr))
 
     @property
     def eos(self) -> int:
-        return int(self._lib.llama_vocab_eos(self.vocab_ptr))
+        return int(_lib.llama_vocab_eos(self.vocab_ptr))
 
     @property
     def add_bos(self) -> bool:
-        return bool(self._lib.llama_vocab_get_add_bos(self.vocab_ptr))
+        return bool(_lib.llama_vocab_get_add_bos(self.vocab_ptr))
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, <|im_end|>, ...)."""
-        return bool(self._lib.llama_vocab_is_eog(self.vocab_ptr, token))
+        return bool(_lib.llama_vocab_is_eog(self.vocab_ptr, token))
 
     @functools.cached_property
     def eog_tokens(self) -> tuple[int, ...]:
@@ -269,8 +266,8 @@ class Model:
         cap = len(data) + 8
         for _ in range(2):
             buf = (_lib.llama_token * cap)()
-            n = self._lib.llama_tokenize(self.vocab_ptr, data, len(data), buf, cap,
-                                         add_special, parse_special)
+            n = _lib.llama_tokenize(self.vocab_ptr, data, len(data), buf, cap,
+                                    add_special, parse_special)
             if n >= 0:
                 return list(buf[:n])
             if n == -(2**31):
@@ -282,10 +279,10 @@ class Model:
         """One token's bytes. Not always valid UTF-8 on its own: a character may span
         several tokens, so streaming callers must decode incrementally."""
         buf = ctypes.create_string_buffer(64)
-        n = self._lib.llama_token_to_piece(self.vocab_ptr, token, buf, 64, 0, special)
+        n = _lib.llama_token_to_piece(self.vocab_ptr, token, buf, 64, 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = self._lib.llama_token_to_piece(self.vocab_ptr, token, buf, -n, 0, special)
+            n = _lib.llama_token_to_piece(self.vocab_ptr, token, buf, -n, 0, special)
         return buf.raw[:max(n, 0)]
 
     def detokenize(self, tokens: Sequence[int], *, remove_special: bool = False,
@@ -295,8 +292,8 @@ class Model:
         cap = max(16, 4 * len(tokens) + 16)
         for _ in range(2):
             buf = ctypes.create_string_buffer(cap)
-            n = self._lib.llama_detokenize(self.vocab_ptr, arr, len(tokens), buf, cap,
-                                           remove_special, unparse_special)
+            n = _lib.llama_detokenize(self.vocab_ptr, arr, len(tokens), buf, cap,
+                                      remove_special, unparse_special)
             if n >= 0:
                 return buf.raw[:n].decode("utf-8", errors="replace")
             cap = -n
@@ -328,8 +325,8 @@ class Model:
         cap = 2 * sum(len(r) + len(c) for r, c in encoded) + 256
         for _ in range(2):
             buf = ctypes.create_string_buffer(cap)
-            n = self._lib.llama_chat_apply_template(tmpl_b, arr, len(encoded), add_assistant,
-                                                    buf, cap)
+            n = _lib.llama_chat_apply_template(tmpl_b, arr, len(encoded), add_assistant,
+                                               buf, cap)
             if n < 0:
                 raise KairoxError("the model's chat template is not one llama.cpp can apply")
             if n <= cap:
@@ -508,8 +505,7 @@ class Timings:
 # ---------------------------------------------------------------------------------------
 def _create_context(model: Model, params: ContextParams) -> int:
     """The single place a llama_context is created (Kairox settings will be passed here)."""
-    lib = model._lib
-    cp = lib.llama_context_default_params()
+    cp = _lib.llama_context_default_params()
     cp.n_ctx = params.n_ctx
     cp.n_batch = params.n_batch
     if params.n_ubatch is not None:
@@ -519,9 +515,9 @@ def _create_context(model: Model, params: ContextParams) -> int:
     cp.n_threads_batch = params.n_threads_batch or n_threads
     cp.no_perf = False  # Timings come from llama_perf_context
     if params.profiler is not None:
-        cp.cb_eval = ctypes.cast(lib.profiler_eval_fn(), _lib.ggml_backend_sched_eval_callback)
+        cp.cb_eval = ctypes.cast(_lib.profiler_eval_fn(), _lib.ggml_backend_sched_eval_callback)
         cp.cb_eval_user_data = params.profiler.ptr
-    kp = lib.kairox_default_params()
+    kp = _lib.kairox_default_params()
     # the hybrid runtime runs predictor mode: "auto" picks it, as kairox run and llama-server do
     mode = "predictor" if params.mode == "auto" and params.vram_budget_gib != 0 else params.mode
     kp.mode = _lib.KAIROX_MODES[mode]
@@ -536,10 +532,10 @@ def _create_context(model: Model, params: ContextParams) -> int:
     kp.deterministic = params.deterministic
     kp.down_dense_share = params.down_dense_share
     kp.activation = _lib.KAIROX_ACTIVATIONS[params.activation]
-    lib.log.take_errors()
-    ctx = lib.kairox_init_from_model(model.ptr, cp, ctypes.byref(kp))
+    _lib.take_log_errors()
+    ctx = _lib.kairox_init_from_model(model.ptr, cp, ctypes.byref(kp))
     if not ctx:
-        errors = lib.log.take_errors()
+        errors = _lib.take_log_errors()
         reason = errors[0] if errors else "llama_init_from_model returned NULL"
         raise KairoxError(f"cannot create a context (n_ctx={params.n_ctx}): {reason}")
     return int(ctx)
@@ -581,19 +577,17 @@ class Profiler:
 
     def __init__(self, model: Model, max_tokens: int,
                  kinds: Sequence[str] = ("input", "hidden")) -> None:
-        lib = model._lib
-        self._lib = lib
         self.n_layer, self.n_embd, self.n_ff = model.n_layer, model.n_embd, model.n_ff
         self.max_tokens = max_tokens
-        ptr = lib.kairox_profiler_init(self.n_layer, self.n_embd, self.n_ff, max_tokens)
+        ptr = _lib.kairox_profiler_init(self.n_layer, self.n_embd, self.n_ff, max_tokens)
         if not ptr:
             raise KairoxError("cannot create a profiler")
         self._ptr: int | None = int(ptr)
-        self._finalizer = weakref.finalize(self, lib.kairox_profiler_free, ptr)
+        self._finalizer = weakref.finalize(self, _lib.kairox_profiler_free, ptr)
         bad = [k for k in kinds if k not in self.KINDS]
         if bad:
             raise KairoxError(f"unknown profile kind {bad[0]!r}; kinds: {', '.join(self.KINDS)}")
-        lib.kairox_profiler_set_kinds(ptr, sum(1 << self.KINDS[k] for k in set(kinds)))
+        _lib.kairox_profiler_set_kinds(ptr, sum(1 << self.KINDS[k] for k in set(kinds)))
 
     @property
     def ptr(self) -> int:
@@ -612,26 +606,26 @@ class Profiler:
         self.close()
 
     def clear(self) -> None:
-        self._lib.kairox_profiler_clear(self.ptr)
+        _lib.kairox_profiler_clear(self.ptr)
 
     def get(self, kind: str, layer: int) -> np.ndarray | None:
         """(n_tokens, width) float32 of the last decode for kind (see KINDS); None if not recorded."""
         k = self.KINDS[kind]
-        n_tok = int(self._lib.kairox_profiler_n_tokens(self.ptr, k, layer))
+        n_tok = int(_lib.kairox_profiler_n_tokens(self.ptr, k, layer))
         if n_tok < 0:
             return None
         width = self.n_ff if kind == "hidden" else self.n_embd
         out = np.empty((n_tok, width), dtype=np.float32)
-        got = self._lib.kairox_profiler_get(self.ptr, k, layer,
-                                             out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
+        got = _lib.kairox_profiler_get(self.ptr, k, layer,
+                                       out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), out.size)
         if got != out.size:
             raise KairoxError(f"profiler returned {got} values, expected {out.size}")
         return out
 
 
-def _free_session(lib: _lib.Library, ctx: int, batch: _lib.llama_batch) -> None:
-    lib.llama_batch_free(batch)
-    lib.llama_free(ctx)
+def _free_session(ctx: int, batch: _lib.llama_batch) -> None:
+    _lib.llama_batch_free(batch)
+    _lib.llama_free(ctx)
 
 
 class Session:
@@ -651,13 +645,11 @@ class Session:
             raise KairoxError("a model loaded with vocab_only=True cannot run a session")
         self.model = model
         self.params = params
-        lib = model._lib
-        self._lib = lib
         ctx = _create_context(model, params)
         self._ctx: int | None = ctx
-        self.n_ctx = int(lib.llama_n_ctx(ctx))
-        self.n_batch = int(lib.llama_n_batch(ctx))
-        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        self.n_ctx = int(_lib.llama_n_ctx(ctx))
+        self.n_batch = int(_lib.llama_n_batch(ctx))
+        self._batch = _lib.llama_batch_init(self.n_batch, 0, 1)
         # numpy views over the batch arrays, filled per chunk without per-element ctypes calls
         b, cap = self._batch, self.n_batch
         self._b_token = np.ctypeslib.as_array(b.token, shape=(cap,))
@@ -673,7 +665,7 @@ class Session:
         self.stop_reason: str | None = None
         #: the latest generate()'s generator while it may still decode (weak: dropping it ends it)
         self._active_gen: weakref.ref[Generator[str, None, None]] | None = None
-        self._finalizer = weakref.finalize(self, _free_session, lib, ctx, self._batch)
+        self._finalizer = weakref.finalize(self, _free_session, ctx, self._batch)
         model._sessions.add(self)
 
     # -- lifetime ------------------------------------------------------------------------
@@ -706,32 +698,32 @@ class Session:
     @property
     def mode(self) -> str:
         """The Kairox mode this context runs ("dense", "predictor", "threshold", "cats")."""
-        m = int(self._lib.kairox_context_mode(self.ptr))
+        m = int(_lib.kairox_context_mode(self.ptr))
         return next(k for k, v in _lib.KAIROX_MODES.items() if v == m)
 
     def layer_stats(self) -> list[LayerStats]:
         """Per-layer sparse FFN work since the last reset (needs ContextParams(stats=True))."""
         n = self.model.n_layer
         buf = (_lib.kairox_layer_stats * n)()
-        got = int(self._lib.kairox_get_layer_stats(self.ptr, buf, n))
+        got = int(_lib.kairox_get_layer_stats(self.ptr, buf, n))
         if got < 0:
             raise KairoxError("statistics are off (ContextParams(stats=True)) or the context runs dense")
         return [LayerStats(s.n_calls, s.n_pairs, s.n_active, s.n_predicted) for s in buf[:got]]
 
     def reset_stats(self) -> None:
-        self._lib.kairox_reset_stats(self.ptr)
+        _lib.kairox_reset_stats(self.ptr)
 
     def hybrid_info(self) -> HybridInfo | None:
         """Placement of the hybrid runtime (None: this context runs CPU only)."""
         c = _lib.kairox_hybrid_info()
-        if int(self._lib.kairox_hybrid_get_info(self.ptr, ctypes.byref(c))) < 0:
+        if int(_lib.kairox_hybrid_get_info(self.ptr, ctypes.byref(c))) < 0:
             return None
         return HybridInfo.from_c(c)
 
     def hybrid_budget(self) -> HybridBudget | None:
         """How the hybrid runtime's budget was sized (None: this context runs CPU only)."""
         c = _lib.kairox_hybrid_budget()
-        if int(self._lib.kairox_hybrid_get_budget(self.ptr, ctypes.byref(c))) < 0:
+        if int(_lib.kairox_hybrid_get_budget(self.ptr, ctypes.byref(c))) < 0:
             return None
         return HybridBudget.from_c(c)
 
@@ -739,12 +731,13 @@ class Session:
         """Per-layer device cache statistics since the last reset (hybrid runtime only)."""
         n = self.model.n_layer
         buf = (_lib.kairox_hybrid_layer_stats * n)()
-        got = int(self._lib.kairox_hybrid_get_stats(self.ptr, buf, n))
+        got = int(_lib.kairox_hybrid_get_stats(self.ptr, buf, n))
         if got < 0:
             raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib != 0))")
         return [HybridLayerStats.from_c(s) for s in buf[:got]]
 
-    def _hybrid_layer_array(self, fn, layer: int, dtype: type, ctype: type) -> np.ndarray:  # type: ignore[no-untyped-def]
+    def _hybrid_layer_array(self, fn: Callable[[int, int, Any, int], int], layer: int, dtype: type,
+                            ctype: type) -> np.ndarray:
         """A per-layer array of the hybrid runtime: the C call reports its length first."""
         n = int(fn(self.ptr, layer, None, 0))
         if n < 0:
@@ -755,35 +748,34 @@ class Session:
 
     def lambda_trace(self, layer: int) -> np.ndarray:
         """The layer's decay lambda after each step since the last reset."""
-        return self._hybrid_layer_array(self._lib.kairox_hybrid_get_lambda_trace, layer, np.float32, ctypes.c_float)
+        return self._hybrid_layer_array(_lib.kairox_hybrid_get_lambda_trace, layer, np.float32, ctypes.c_float)
 
     def resident_groups(self, layer: int) -> np.ndarray:
         """Which of the layer's neuron groups the device cache holds now (bool per group)."""
-        return self._hybrid_layer_array(self._lib.kairox_hybrid_get_resident, layer, np.uint8, ctypes.c_uint8).astype(bool)
+        return self._hybrid_layer_array(_lib.kairox_hybrid_get_resident, layer, np.uint8, ctypes.c_uint8).astype(bool)
 
     def reset_hybrid_stats(self) -> None:
-        self._lib.kairox_hybrid_reset_stats(self.ptr)
+        _lib.kairox_hybrid_reset_stats(self.ptr)
 
     def set_op_timing(self, enable: bool = True) -> None:
         """Time every graph node of the CPU backend (for `op_times`); costs a clock read per node."""
-        if not self._lib.kairox_set_op_timing(self.ptr, enable):
+        if not _lib.kairox_set_op_timing(self.ptr, enable):
             raise KairoxError("op timing needs the CPU backend")
 
     def op_times(self) -> list[tuple[str, str, int, float]]:
         """(node name without layer suffix, op, count, total microseconds) since the last reset."""
-        n = int(self._lib.kairox_get_op_times(self.ptr, None, 0))
+        n = int(_lib.kairox_get_op_times(self.ptr, None, 0))
         buf = (_lib.kairox_op_time * max(n, 1))()
-        n = int(self._lib.kairox_get_op_times(self.ptr, buf, n))
+        n = int(_lib.kairox_get_op_times(self.ptr, buf, n))
         return [(e.name.decode(), e.op.decode(), int(e.count), float(e.total_us)) for e in buf[:n]]
 
     def reset_op_times(self) -> None:
-        self._lib.kairox_reset_op_times(self.ptr)
+        _lib.kairox_reset_op_times(self.ptr)
 
     def reset(self) -> None:
         """Forget everything decoded so far (KV memory and timings)."""
-        lib = self._lib
-        lib.llama_memory_clear(lib.llama_get_memory(self.ptr), True)
-        lib.llama_perf_context_reset(self.ptr)
+        _lib.llama_memory_clear(_lib.llama_get_memory(self.ptr), True)
+        _lib.llama_perf_context_reset(self.ptr)
         self._n_past = 0
 
     # -- decoding ------------------------------------------------------------------------
@@ -801,7 +793,7 @@ class Session:
         if self._n_past + len(tokens) > self.n_ctx:
             raise KairoxError(f"context full: {self._n_past} + {len(tokens)} tokens "
                               f"exceed n_ctx={self.n_ctx}")
-        lib, ctx, n_vocab = self._lib, self.ptr, self.model.n_vocab
+        ctx, n_vocab = self.ptr, self.model.n_vocab
         rows: list[np.ndarray] = []
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start:start + self.n_batch]
@@ -812,13 +804,13 @@ class Session:
             if not all_logits and start + n == len(tokens):
                 self._b_logits[n - 1] = 1
             self._batch.n_tokens = n
-            rc = lib.llama_decode(ctx, self._batch)
+            rc = _lib.llama_decode(ctx, self._batch)
             if rc != 0:
-                self._n_past = int(lib.llama_memory_seq_pos_max(lib.llama_get_memory(ctx), 0)) + 1
+                self._n_past = int(_lib.llama_memory_seq_pos_max(_lib.llama_get_memory(ctx), 0)) + 1
                 raise KairoxError(f"llama_decode failed (code {rc}) at position {self._n_past}")
             self._n_past += n
             if all_logits:
-                ptr = lib.llama_get_logits(ctx)
+                ptr = _lib.llama_get_logits(ctx)
                 rows.append(np.ctypeslib.as_array(ptr, shape=(n, n_vocab)).copy())
         return np.concatenate(rows) if all_logits else None
 
@@ -826,14 +818,13 @@ class Session:
         """Forget every token at position >= n_past (speculative decoding drops rejected drafts)."""
         if not 0 <= n_past <= self._n_past:
             raise KairoxError(f"cannot rewind to {n_past} (context holds {self._n_past} tokens)")
-        lib = self._lib
-        if not lib.llama_memory_seq_rm(lib.llama_get_memory(self.ptr), 0, n_past, -1):
+        if not _lib.llama_memory_seq_rm(_lib.llama_get_memory(self.ptr), 0, n_past, -1):
             raise KairoxError("this model's memory cannot drop tokens")
         self._n_past = n_past
 
     def logits(self, i: int = -1) -> np.ndarray:
         """Copy of the logits of output i of the last decode (-1: the last one)."""
-        ptr = self._lib.llama_get_logits_ith(self.ptr, i)
+        ptr = _lib.llama_get_logits_ith(self.ptr, i)
         if not ptr:
             raise KairoxError(f"no logits for output {i} of the last decode")
         row: np.ndarray = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
@@ -895,7 +886,7 @@ class Session:
             utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
             self.stop_reason = "length"
             for i in range(n_predict):
-                tok = int(self._lib.llama_sampler_sample(sampler, self.ptr, -1))
+                tok = int(_lib.llama_sampler_sample(sampler, self.ptr, -1))
                 if not sampling.ignore_eos and model.is_eog(tok):
                     self.stop_reason = "eog"
                     break
@@ -913,41 +904,40 @@ class Session:
             if tail:
                 yield tail
         finally:
-            self._lib.llama_sampler_free(sampler)
+            _lib.llama_sampler_free(sampler)
 
     def timings(self) -> Timings:
         """Timings since the last reset (i.e. of the latest generate() by default)."""
-        d = self._lib.llama_perf_context(self.ptr)
+        d = _lib.llama_perf_context(self.ptr)
         return Timings(prompt_tokens=int(d.n_p_eval), prompt_ms=float(d.t_p_eval_ms),
                        decode_tokens=int(d.n_eval), decode_ms=float(d.t_eval_ms))
 
 
 def _make_sampler(model: Model, sp: SamplingParams) -> int:
     """A llama_sampler chain for `sp`; the caller frees it with llama_sampler_free."""
-    lib = model._lib
-    chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+    chain = _lib.llama_sampler_chain_init(_lib.llama_sampler_chain_default_params())
     if not chain:
         raise KairoxError("llama_sampler_chain_init failed")
 
     def add(smpl: int | None) -> None:
         if not smpl:
-            lib.llama_sampler_free(chain)
+            _lib.llama_sampler_free(chain)
             raise KairoxError("could not create a sampler")
-        lib.llama_sampler_chain_add(chain, smpl)
+        _lib.llama_sampler_chain_add(chain, smpl)
 
     if sp.ignore_eos and model.eog_tokens:
         eog = model.eog_tokens
         biases = (_lib.llama_logit_bias * len(eog))(
             *[_lib.llama_logit_bias(t, -math.inf) for t in eog])
-        add(lib.llama_sampler_init_logit_bias(model.n_vocab, len(eog), biases))
+        add(_lib.llama_sampler_init_logit_bias(model.n_vocab, len(eog), biases))
     if sp.greedy:
-        add(lib.llama_sampler_init_greedy())
+        add(_lib.llama_sampler_init_greedy())
     else:
         if sp.top_k > 0:
-            add(lib.llama_sampler_init_top_k(sp.top_k))
+            add(_lib.llama_sampler_init_top_k(sp.top_k))
         if sp.top_p < 1.0:
-            add(lib.llama_sampler_init_top_p(sp.top_p, 1))
-        add(lib.llama_sampler_init_temp(sp.temperature))
+            add(_lib.llama_sampler_init_top_p(sp.top_p, 1))
+        add(_lib.llama_sampler_init_temp(sp.temperature))
         seed = _lib.LLAMA_DEFAULT_SEED if sp.seed is None else sp.seed
-        add(lib.llama_sampler_init_dist(seed))
+        add(_lib.llama_sampler_init_dist(seed))
     return int(chain)

@@ -19,11 +19,11 @@ import pytest
 
 import kairox_py
 from kairox_py import ContextParams, Model, _lib, ensure_default_model
-from kairox_py.convert import ConvertOptions, ConvertResult, convert
-from kairox_py.corpus import default_corpus
-from kairox_py.predictor import TrainConfig
-from kairox_py.profile import Profile, run_profile
-from kairox_py.synthetic import LlamaShape
+from kairox_py.benchmark.synthetic import LlamaShape
+from kairox_py.offline.convert import ConvertOptions, ConvertResult, convert
+from kairox_py.offline.corpus import default_corpus
+from kairox_py.offline.predictor import TrainConfig
+from kairox_py.offline.profile import Profile, run_profile
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE_PARENT = Path(kairox_py.__file__).resolve().parent.parent

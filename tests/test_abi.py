@@ -16,27 +16,22 @@ FULLY_DESCRIBED = {"llama_model_params", "llama_context_params", "llama_batch",
                    "llama_perf_context_data"}
 
 
-@pytest.fixture(scope="module")
-def lib() -> _lib.Library:
-    return _lib.lib()
-
-
-def test_library_identifies_itself(lib: _lib.Library) -> None:
-    assert lib.version().startswith("kairox ")
-    assert lib.path.is_file()
+def test_library_identifies_itself() -> None:
+    assert _lib.version().startswith("kairox ")
+    assert _lib.lib().path.is_file()
 
 
 @pytest.mark.parametrize("name", sorted(_lib.STRUCTS))
-def test_struct_size(lib: _lib.Library, name: str) -> None:
-    assert lib.abi_sizeof(name) == ctypes.sizeof(_lib.STRUCTS[name]), name
+def test_struct_size(name: str) -> None:
+    assert _lib.abi_sizeof(name) == ctypes.sizeof(_lib.STRUCTS[name]), name
 
 
 @pytest.mark.parametrize("name", sorted(_lib.STRUCTS))
-def test_field_offsets(lib: _lib.Library, name: str) -> None:
+def test_field_offsets(name: str) -> None:
     cls = _lib.STRUCTS[name]
     undescribed = []
     for field, *_ in cls._fields_:
-        off = lib.abi_offsetof(name, field)
+        off = _lib.abi_offsetof(name, field)
         if off is None:
             undescribed.append(field)
         else:
@@ -45,6 +40,6 @@ def test_field_offsets(lib: _lib.Library, name: str) -> None:
         assert not undescribed, f"{name}: fields unknown to the library: {undescribed}"
 
 
-def test_unknown_names_are_reported(lib: _lib.Library) -> None:
-    assert lib.abi_sizeof("no_such_struct") is None
-    assert lib.abi_offsetof("llama_batch", "no_such_field") is None
+def test_unknown_names_are_reported() -> None:
+    assert _lib.abi_sizeof("no_such_struct") is None
+    assert _lib.abi_offsetof("llama_batch", "no_such_field") is None

@@ -3,7 +3,7 @@
 Each is llama's FFN (act(gate x) * (up x) -> down) inside a different transformer (qwen2: q/k/v
 biases; qwen3: q/k norms; gemma: scaled embeddings, a tied output, GELU; gemma2: also
 post-attention and post-FFN norms and soft-capping). None can be downloaded here: a small
-random-weight GGUF of each is written with the gguf package (kairox_py.synthetic), profiled,
+random-weight GGUF of each is written with the gguf package (kairox_py.benchmark.synthetic), profiled,
 converted (threshold mode) and run, so that every architecture listed as supported is run
 through the whole chain rather than assumed to work.
 """
@@ -19,8 +19,8 @@ from conftest import SMALL_SHAPE as SHAPE
 from conftest import all_logits, small_convert, small_profile, small_tokens
 
 from kairox_py import ContextParams, Model
+from kairox_py.benchmark.synthetic import SYNTHETIC_ARCHES, write_synthetic_llama
 from kairox_py.format import SUPPORTED_ARCHES
-from kairox_py.synthetic import SYNTHETIC_ARCHES, write_synthetic_llama
 
 ARCHES = ["qwen2", "qwen3", "gemma", "gemma2"]
 

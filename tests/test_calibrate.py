@@ -11,7 +11,7 @@ from gguf import GGUFReader
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py import format as fmt
-from kairox_py.calibrate import crossover, rewrite_metadata, write_share
+from kairox_py.offline.calibrate import crossover, rewrite_metadata, write_share
 
 TEXT = ("Before the storm reached the harbour, the fishermen pulled their boats onto the sand "
         "and tied the nets to the posts of the old pier, counting every rope twice.")

@@ -13,8 +13,8 @@ import pytest
 
 from kairox_py import Model
 from kairox_py.cli import _run
-from kairox_py.corpus import default_corpus
-from kairox_py.evaluate import eval_chunks
+from kairox_py.offline.corpus import default_corpus
+from kairox_py.offline.evaluate import eval_chunks
 
 
 def _never(*_args: object, **_kw: object) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kairox_py import KairoxError
-from kairox_py.corpus import default_corpus, default_topics, load_corpus, read_corpus
+from kairox_py.offline.corpus import default_corpus, default_topics, load_corpus, read_corpus
 
 
 def test_split_is_disjoint_and_covers_all_topics() -> None:

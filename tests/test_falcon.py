@@ -3,7 +3,7 @@
 Falcon's FFN is act(up x) -> down with no gate, and it reads the attention's input norm
 (attention and FFN in parallel), so it exercises the other FFN shape of the graph and the
 profiler's "attn_norm" capture. No Falcon GGUF can be downloaded here: a small random-weight
-one is written with the gguf package (kairox_py.synthetic), profiled, converted and run.
+one is written with the gguf package (kairox_py.benchmark.synthetic), profiled, converted and run.
 Random weights make its text meaningless but its activations ordinary, which is all the
 profile -> convert -> sparse decode chain needs.
 """
@@ -19,11 +19,11 @@ from conftest import SMALL_SHAPE as SHAPE
 from conftest import all_logits, small_convert, small_profile, small_tokens, stepwise_logits
 
 from kairox_py import ContextParams, KairoxError, Model
-from kairox_py.convert import ConvertResult, convert, open_input
-from kairox_py.corpus import default_corpus
-from kairox_py.profile import Profile
-from kairox_py.quant import dequantize
-from kairox_py.synthetic import write_synthetic_llama
+from kairox_py.benchmark.synthetic import write_synthetic_llama
+from kairox_py.offline.convert import ConvertResult, convert, open_input
+from kairox_py.offline.corpus import default_corpus
+from kairox_py.offline.profile import Profile
+from kairox_py.offline.quant import dequantize
 
 
 @pytest.fixture(scope="module")

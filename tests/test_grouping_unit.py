@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kairox_py import KairoxError
-from kairox_py.grouping import balance, check_group_size, coactivation, group_layer, intra_share
+from kairox_py.offline.grouping import balance, check_group_size, coactivation, group_layer, intra_share
 
 
 def planted(n_groups: int = 8, size: int = 16, n_tok: int = 2000,

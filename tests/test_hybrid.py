@@ -223,7 +223,7 @@ def test_generation_stopped_mid_decode_then_freed(kx_model: Path) -> None:
         pytest.skip("test-kairox-hybrid not built")
     proc = subprocess.run([str(exe), str(kx_model)], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "32/32 stops clean" in proc.stdout
+    assert "32/32 aborts clean" in proc.stdout
 
 
 def test_loads_land_for_the_next_step(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]

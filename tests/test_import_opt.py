@@ -22,7 +22,7 @@ from conftest import all_logits, small_convert, small_profile
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py.cli import main as cli_main
-from kairox_py.hf_opt import import_opt
+from kairox_py.offline.hf_opt import import_opt
 
 E, F, L, H, CTX = 64, 256, 2, 4, 128
 

@@ -1,6 +1,10 @@
 """Finding libkairox: explicit override first, clear errors when it is wrong."""
 from __future__ import annotations
 
+import ctypes
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +41,31 @@ def test_no_amx_kernels() -> None:
     """ggml's AMX mat-mul segfaults on Sapphire-Rapids-class CPUs (llama.cpp#20824), and a
     native build there enables it unless CMakeLists.txt turns it off: the library must not
     report AMX kernels (on a CPU without AMX this holds either way)."""
-    info = (_lib.lib().llama_print_system_info() or b"").decode()
+    info = (_lib.llama_print_system_info() or b"").decode()
     assert "CPU" in info, info
     assert "AMX_INT8 = 1" not in info, info
+
+
+def test_import_does_not_load_the_library() -> None:
+    """Declaring the C functions needs no library: `kairox info` and the default-model download
+    work before the C++ side is built."""
+    code = ("import kairox_py, kairox_py.cli, kairox_py.llama, kairox_py.balancer\n"
+            "from kairox_py import _lib\n"
+            "assert _lib.lib.cache_info().currsize == 0\n"
+            "assert _lib.llama_decode.__name__ == 'llama_decode'\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(_lib.__file__).resolve().parent.parent)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_declaration_is_bound() -> None:
+    """The library binds each declared function with its prototype (and only those)."""
+    bound = _lib.lib().functions
+    assert set(bound) == set(_lib._PROTOTYPES)
+    for name, (argtypes, restype) in _lib._PROTOTYPES.items():
+        fn = getattr(_lib, name)
+        assert fn.__wrapped__.__name__ == name
+        assert "return" in fn.__annotations__, name
+        c_fn = bound[name]
+        if isinstance(c_fn, ctypes._CFuncPtr):  # optional ones a stale build lacks are stubs
+            assert tuple(c_fn.argtypes or ()) == argtypes and c_fn.restype is restype, name

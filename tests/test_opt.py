@@ -5,7 +5,7 @@ OPT's FFN is relu(fc1 x + b1) -> fc2 (+ b2): ungated like Falcon's, but with an 
 the sparse paths must add to the selected neurons only (a neuron left out stays exactly 0 through
 the ReLU, where relu(b1) would not be), and which the converter permutes with the neurons. No OPT
 GGUF can be downloaded here: a small random-weight one is written with the gguf package
-(kairox_py.synthetic: LayerNorms, learned positions, fc1 biases with a negative mean as trained
+(kairox_py.benchmark.synthetic: LayerNorms, learned positions, fc1 biases with a negative mean as trained
 OPT models have), profiled, converted and run, on the CPU and in the hybrid runtime.
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ from conftest import SMALL_SHAPE as SHAPE
 from conftest import all_logits, small_convert, small_profile, small_tokens, stepwise_logits
 
 from kairox_py import ContextParams, KairoxError, Model
-from kairox_py.convert import ConvertResult, convert, open_input
-from kairox_py.corpus import default_corpus
-from kairox_py.profile import Profile
-from kairox_py.quant import dequantize
-from kairox_py.synthetic import write_synthetic_llama
+from kairox_py.benchmark.synthetic import write_synthetic_llama
+from kairox_py.offline.convert import ConvertResult, convert, open_input
+from kairox_py.offline.corpus import default_corpus
+from kairox_py.offline.profile import Profile
+from kairox_py.offline.quant import dequantize
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,9 @@ from gguf import GGUFReader, GGUFWriter
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py import format as fmt
-from kairox_py.convert import ConvertResult, convert
-from kairox_py.corpus import default_corpus
-from kairox_py.profile import Profile
+from kairox_py.offline.convert import ConvertResult, convert
+from kairox_py.offline.corpus import default_corpus
+from kairox_py.offline.profile import Profile
 
 # the session's conversion (fixtures `pipeline_dir`, `profile`, `converted`) lives in conftest.py,
 # shared with the sparse-engine tests
@@ -49,8 +49,8 @@ def test_profile_contents(profile: Profile, model: Model) -> None:
 def test_profile_matches_the_model(profile: Profile, model: Model) -> None:
     """The captured hidden activation is act(gate)*up of the captured input: recompute
     layer 0's from the GGUF weights (an independent check of the C capture)."""
-    from kairox_py.convert import open_input
-    from kairox_py.quant import dequantize
+    from kairox_py.offline.convert import open_input
+    from kairox_py.offline.quant import dequantize
 
     inp = open_input(Path(profile.meta.model_path))
     wg = dequantize(inp.tensors["blk.0.ffn_gate.weight"].data, inp.tensors["blk.0.ffn_gate.weight"].tensor_type)
@@ -99,7 +99,7 @@ def test_gguf_reader_round_trip(converted: ConvertResult, model_path: Path) -> N
 
 
 def test_down_t_is_the_permuted_transposed_down(converted: ConvertResult) -> None:
-    from kairox_py.quant import dequantize
+    from kairox_py.offline.quant import dequantize
 
     r = {t.name: t for t in GGUFReader(converted.output).tensors}
     down = dequantize(r["blk.5.ffn_down.weight"].data, r["blk.5.ffn_down.weight"].tensor_type)
@@ -210,7 +210,7 @@ def test_quantized_predictors(work: Path, model_path: Path, converted: ConvertRe
 
 
 def test_auto_predictor_type() -> None:
-    from kairox_py.convert import pred_layer_type
+    from kairox_py.offline.convert import pred_layer_type
 
     assert pred_layer_type("auto", 576, 64) == "q8_0"
     assert pred_layer_type("auto", 576, 40) == "f16"  # W2's rows are rank long
@@ -288,7 +288,7 @@ def test_cli_errors_are_one_line(run_cli, tmp_path: Path, model_path: Path) -> N
 def test_interrupted_write_leaves_nothing(tmp_path: Path, model_path: Path, converted: ConvertResult,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C in the middle of writing: no OUT, no temporary file."""
-    import kairox_py.convert as conv
+    import kairox_py.offline.convert as conv
 
     calls = {"n": 0}
     real = conv.quantize

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kairox_py.predictor import TrainConfig, outlier_neurons, train_layer
+from kairox_py.offline.predictor import TrainConfig, outlier_neurons, train_layer
 
 
 def test_learns_a_low_rank_rule_and_reaches_recall() -> None:

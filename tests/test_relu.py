@@ -1,7 +1,7 @@
 """ReLU-fied llamas (ProSparse, Bamboo, ReluLLaMA in the papers): a llama GGUF cannot say
 "relu", so the model carries kairox.activation = "relu", which every path honours: the dense
 graph (prefill, --dense, the profile) as well as the sparse one. A small random-weight llama
-is written with that key (kairox_py.synthetic), profiled, converted and run.
+is written with that key (kairox_py.benchmark.synthetic), profiled, converted and run.
 
 ReLU is where activation sparsity is exact: a neuron whose gate is <= 0 contributes nothing,
 so the sparse path at threshold 0 skips about half the neurons and still reproduces dense.
@@ -17,11 +17,11 @@ from conftest import SMALL_OPTS, all_logits, small_convert, small_profile, small
 from conftest import SMALL_SHAPE as SHAPE
 
 from kairox_py import ContextParams, KairoxError, Model
-from kairox_py.convert import ConvertResult, convert, open_input
-from kairox_py.corpus import default_corpus
-from kairox_py.profile import Profile
-from kairox_py.quant import dequantize
-from kairox_py.synthetic import write_synthetic_llama
+from kairox_py.benchmark.synthetic import write_synthetic_llama
+from kairox_py.offline.convert import ConvertResult, convert, open_input
+from kairox_py.offline.corpus import default_corpus
+from kairox_py.offline.profile import Profile
+from kairox_py.offline.quant import dequantize
 
 OPTS = replace(SMALL_OPTS, predictor=False, down_type="f32")
 

@@ -14,10 +14,10 @@ import pytest
 
 from conftest import PACKAGE_PARENT
 from kairox_py import KairoxError, Model
+from kairox_py.offline.corpus import Corpus
+from kairox_py.offline.profile import PROFILE_FILES, Profile, open_or_run_profile
 from kairox_py.outputs import check_output_dir, check_output_file
-from kairox_py.profile import PROFILE_FILES, Profile, open_or_run_profile
-from kairox_py.corpus import Corpus
-from kairox_py.traces import TRACE_FILES
+from kairox_py.sim.traces import TRACE_FILES
 
 
 def _corpus(text: str) -> Corpus:

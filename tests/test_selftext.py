@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from kairox_py import KairoxError
-from kairox_py.corpus import Corpus
-from kairox_py.selftext import generate_self_text, load_selftext_prompts, mix_corpora
+from kairox_py.offline.corpus import Corpus
+from kairox_py.offline.selftext import generate_self_text, load_selftext_prompts, mix_corpora
 
 
 def test_default_prompts_have_both_kinds() -> None:
@@ -78,7 +78,7 @@ def test_profile_cli_mixes_self_text(run_cli, tmp_path: Path, model_path: Path, 
 def test_default_self_text_depends_on_model_size(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Conversions that do not ask get self-text for small models only (generation runs at
     decode speed: a 7B model would spend half an hour on it)."""
-    import kairox_py.convert as conv
+    import kairox_py.offline.convert as conv
 
     inp = conv.open_input(model_path)
     assert conv.default_self_text(inp) == conv.DEFAULT_SELF_TEXT  # 135M parameters

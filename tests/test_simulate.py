@@ -12,7 +12,7 @@ import pytest
 
 from kairox_py.balancer import POLICIES, BalancerConfig
 from kairox_py.errors import KairoxError
-from kairox_py.simulate import (
+from kairox_py.sim.replay import (
     DEFAULT_CPU,
     MODES,
     PRESETS,
@@ -21,7 +21,7 @@ from kairox_py.simulate import (
     SimConfig,
     simulate,
 )
-from kairox_py.traces import TRACE_VERSION, Trace, TraceMeta, pack
+from kairox_py.sim.traces import TRACE_VERSION, Trace, TraceMeta, pack
 
 N_LAYER, N_EMBD, N_FF, GS = 4, 576, 1536, 32
 

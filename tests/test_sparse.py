@@ -20,7 +20,7 @@ from conftest import find_tool
 from gguf import GGUFReader
 
 from kairox_py import ContextParams, Model, Profiler
-from kairox_py.quant import dequantize
+from kairox_py.offline.quant import dequantize
 
 TEXT = ("The library was quiet in the early morning. A few students sat near the windows, "
         "reading old newspapers and taking notes about the history of the river town, where "
@@ -55,8 +55,8 @@ def converted_exact(pipeline_dir: Path, model_path: Path, profile):  # type: ign
     from dataclasses import replace
 
     from conftest import PIPELINE_OPTS
-    from kairox_py.convert import convert
-    from kairox_py.corpus import default_corpus
+    from kairox_py.offline.convert import convert
+    from kairox_py.offline.corpus import default_corpus
 
     return convert(model_path, pipeline_dir / "kx-exact.gguf", default_corpus("profile"),
                    replace(PIPELINE_OPTS, down_type="f32", predictor=False), profile_dir=profile.dir)

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, pred_threshold_for, write_synthetic_llama
 from kairox_py.llama import ContextParams, Model
-from kairox_py.synthetic import SHAPES, SparseSpec, pred_threshold_for, write_synthetic_llama
 
 
 @pytest.mark.parametrize("spec", [SparseSpec(0), SparseSpec(64, "q4_0"), SparseSpec(64, "q8_0")],

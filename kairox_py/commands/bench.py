@@ -9,7 +9,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .. import _lib
-from ..bench import (
+from ..benchmark.decode import (
     BenchConfig,
     amdahl_limit,
     ffn_work_fraction,
@@ -20,10 +20,10 @@ from ..bench import (
     summary_block,
     write_outputs,
 )
+from ..benchmark.synthetic import SHAPES, SYNTHETIC_VERSION, SparseSpec, pred_threshold_for, write_synthetic_llama
 from ..default_model import cache_dir
-from ..outputs import check_output_into
 from ..llama import ContextParams, Model, default_threads
-from ..synthetic import SHAPES, SYNTHETIC_VERSION, SparseSpec, pred_threshold_for, write_synthetic_llama
+from ..outputs import check_output_into
 from ._common import float_list, resolve_model, stderr_console
 
 

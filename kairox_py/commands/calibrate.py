@@ -7,8 +7,8 @@ import click
 from rich.table import Table
 
 from .. import _lib
-from ..calibrate import DEFAULT_PROMPT, measure, write_share
 from ..llama import default_threads
+from ..offline.calibrate import DEFAULT_PROMPT, measure, write_share
 from ..outputs import check_output_file
 from ._common import stderr_console
 

@@ -1,5 +1,5 @@
 """`kairox convert IN.gguf OUT.gguf`: write a Kairox GGUF (thresholds, predictors,
-co-activation grouping); see kairox_py.convert and docs/FORMAT.md."""
+co-activation grouping); see kairox_py.offline.convert and docs/FORMAT.md."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..calibrate import measure, write_share
-from ..convert import (
+from ..errors import KairoxError
+from ..format import MODES
+from ..llama import default_threads
+from ..offline.calibrate import measure, write_share
+from ..offline.convert import (
     DEFAULT_DOWN_TYPE,
     DEFAULT_MODE,
     DEFAULT_PRED_DOWN_SCALE,
@@ -20,18 +23,15 @@ from ..convert import (
     ConvertOptions,
     summary_rows,
 )
-from ..convert import (
+from ..offline.convert import (
     convert as run_convert,
 )
-from ..corpus import load_corpus
-from ..errors import KairoxError
-from ..format import MODES
-from ..grouping import DEFAULT_GROUP_SIZE
-from ..llama import default_threads
-from ..predictor import TrainConfig
-from ..profile import DEFAULT_TOKENS
-from ..quant import WRITABLE_TYPES
-from ..report import write_layer_report
+from ..offline.corpus import load_corpus
+from ..offline.grouping import DEFAULT_GROUP_SIZE
+from ..offline.predictor import TrainConfig
+from ..offline.profile import DEFAULT_TOKENS
+from ..offline.quant import WRITABLE_TYPES
+from ..offline.report import write_layer_report
 from ._common import activation_option, stderr_console
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from ..corpus import load_corpus
 from ..errors import KairoxError
-from ..evaluate import (
+from ..offline.corpus import load_corpus
+from ..offline.evaluate import (
     DEFAULT_CTX,
     DEFAULT_EVAL_TOKENS,
     EvalSetting,

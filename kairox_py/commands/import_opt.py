@@ -1,10 +1,10 @@
-"""`kairox import-opt HF_DIR OUT.gguf`: a Hugging Face OPT checkpoint as a GGUF (kairox_py.hf_opt),
+"""`kairox import-opt HF_DIR OUT.gguf`: a Hugging Face OPT checkpoint as a GGUF (kairox_py.offline.hf_opt),
 the input `kairox convert` then takes."""
 from __future__ import annotations
 
 import click
 
-from ..hf_opt import import_opt as run_import
+from ..offline.hf_opt import import_opt as run_import
 from ._common import stderr_console
 
 

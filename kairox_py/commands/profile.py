@@ -6,11 +6,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from ..corpus import load_corpus
-from ..profile import DEFAULT_CTX, DEFAULT_TOKENS, run_profile
-from ..selftext import with_self_text
+from ..offline.corpus import load_corpus
+from ..offline.profile import DEFAULT_CTX, DEFAULT_TOKENS, run_profile
+from ..offline.selftext import with_self_text
 from ..outputs import check_output_dir
-from ..traces import DEFAULT_STEPS, TRACE_FILES, TraceOptions
+from ..sim.traces import DEFAULT_STEPS, TRACE_FILES, TraceOptions
 from ._common import activation_option, resolve_model, stderr_console
 from .trace import run_trace
 

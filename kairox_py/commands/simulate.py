@@ -1,4 +1,4 @@
-"""`kairox simulate TRACE`: replay decode traces through balancer policies (kairox_py.simulate)."""
+"""`kairox simulate TRACE`: replay decode traces through balancer policies (kairox_py.sim.replay)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,9 +10,8 @@ from ..balancer import POLICIES, Balancer, BalancerConfig
 from ..errors import KairoxError
 from ..outputs import check_output_into
 from ..progress import make_progress
-from ..simfigures import fig5, fig8, fig10, fig11, fig13
-from ..simreport import bar_markdown, bar_rows, cost_notes, run_grid, write_reports
-from ..simulate import (
+from ..sim.figures import fig5, fig8, fig10, fig11, fig13
+from ..sim.replay import (
     DEFAULT_CPU,
     MODES,
     PRESETS,
@@ -22,7 +21,8 @@ from ..simulate import (
     SimConfig,
     calibration_from_csv,
 )
-from ..traces import Trace
+from ..sim.report import bar_markdown, bar_rows, cost_notes, run_grid, write_reports
+from ..sim.traces import Trace
 from ._common import float_list, stderr_console
 
 #: budgets of the throughput-vs-VRAM figure (fig13), added to --budget with --figures

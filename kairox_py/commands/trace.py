@@ -1,4 +1,4 @@
-"""`kairox trace [MODEL] --kairox KX.gguf -o DIR`: record decode traces (kairox_py.traces)."""
+"""`kairox trace [MODEL] --kairox KX.gguf -o DIR`: record decode traces (kairox_py.sim.traces)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,8 @@ import click
 import numpy as np
 from rich.table import Table
 
-from ..bench import load_prompts
-from ..traces import DEFAULT_SPARSITY, DEFAULT_STEPS, TraceOptions, record_traces
+from ..benchmark.decode import load_prompts
+from ..sim.traces import DEFAULT_SPARSITY, DEFAULT_STEPS, TraceOptions, record_traces
 from ._common import resolve_model, stderr_console
 
 

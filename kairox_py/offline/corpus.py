@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import KairoxError
+from ..errors import KairoxError
 
 #: one topic in EVAL_MODULUS goes to the held-out evaluation part
 EVAL_MODULUS = 5

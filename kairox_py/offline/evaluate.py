@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
+from ..errors import KairoxError
+from ..format import UNGATED_ARCHES
+from ..llama import ContextParams, Model
+from ..progress import make_progress
 from .corpus import Corpus
-from .errors import KairoxError
-from .format import UNGATED_ARCHES
-from .llama import ContextParams, Model
-from .progress import make_progress
 
 DEFAULT_EVAL_TOKENS = 4096
 DEFAULT_CTX = 512
@@ -103,7 +103,7 @@ def _pred_overhead(model_path: Path, n_embd: int, n_ff: int, n_proj: int) -> flo
     predictor)."""
     from gguf import GGUFReader
 
-    from .format import KEY_PRED_RANK
+    from ..format import KEY_PRED_RANK
 
     try:
         f = GGUFReader(model_path, "r").get_field(KEY_PRED_RANK)

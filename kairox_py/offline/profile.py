@@ -30,12 +30,12 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
+from ..errors import KairoxError
+from ..format import SUPPORTED_ARCHES, activation_kind, ffn_input_kind
+from ..llama import ContextParams, Model, Profiler
+from ..outputs import check_output_dir
+from ..progress import make_progress
 from .corpus import Corpus
-from .errors import KairoxError
-from .format import SUPPORTED_ARCHES, activation_kind, ffn_input_kind
-from .llama import ContextParams, Model, Profiler
-from .outputs import check_output_dir
-from .progress import make_progress
 
 PROFILE_VERSION = 1
 DEFAULT_TOKENS = 8192
@@ -270,7 +270,7 @@ def default_profile_dir(model_sha256: str, corpus: Corpus, n_tokens: int, ctx: i
     """Where `kairox convert` keeps a profile it made itself: the cache, keyed by model,
     corpus, sample size (and an activation override), so converting again at other settings
     reuses it."""
-    from .default_model import cache_dir
+    from ..default_model import cache_dir
 
     corpus_sha = hashlib.sha256(corpus.text.encode()).hexdigest()
     act = "" if activation == "model" else f"-{activation}"

@@ -15,11 +15,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..errors import KairoxError
+from ..llama import ContextParams, Model, SamplingParams
+from ..progress import make_progress
 from .corpus import Corpus, prompt_lines
-from .errors import KairoxError
-from .llama import ContextParams, Model, SamplingParams
 from .profile import file_sha256
-from .progress import make_progress
 
 #: tokens generated per prompt at the most (answers longer than this say little more)
 MAX_PER_PROMPT = 256
@@ -34,7 +34,7 @@ def load_selftext_prompts(path: str | os.PathLike[str] | None = None) -> list[tu
 
 
 def _cache_path(model_sha256: str, prompts: list[tuple[str, bool]], n_tokens: int, seed: int) -> Path:
-    from .default_model import cache_dir
+    from ..default_model import cache_dir
 
     psha = hashlib.sha256(repr(prompts).encode()).hexdigest()[:8]
     return cache_dir() / "selftext" / f"{model_sha256[:16]}-{psha}-{n_tokens}-{seed}.txt"

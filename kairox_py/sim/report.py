@@ -1,7 +1,7 @@
 """Runs of `kairox simulate`: a grid of (preset, budget, policy) simulations on one trace,
 compact per-run records, the CSV reports and the bar check of BENCHMARKS.md.
 
-Why compact records: a full :class:`~kairox_py.simulate.SimResult` holds (tokens x layers)
+Why compact records: a full :class:`~kairox_py.sim.replay.SimResult` holds (tokens x layers)
 arrays; a grid of ~100 runs keeps only what reports and figures read (per-token series,
 per-layer means, and the per-(step, layer) lambda/loads of the first sequence).
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .balancer import BalancerConfig
-from .simulate import CostModel, CpuCalibration, PRESETS, SequenceData, SimConfig, simulate
+from ..balancer import BalancerConfig
+from .replay import CostModel, CpuCalibration, PRESETS, SequenceData, SimConfig, simulate
 
 
 @dataclass

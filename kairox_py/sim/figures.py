@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .simreport import RunRecord
+from .report import RunRecord
 from .traces import Trace
 
 POLICY_LABELS = {"static": "static (PowerInfer)", "lru": "LRU", "lfu": "LFU",

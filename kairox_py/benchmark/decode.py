@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import prompt_lines
-from .errors import KairoxError
-from .llama import ContextParams, Model, Session
+from ..errors import KairoxError
+from ..llama import ContextParams, Model, Session
+from ..offline.corpus import prompt_lines
 
 SUMMARY_BEGIN = "=== KAIROX BENCH SUMMARY ==="
 SUMMARY_END = "=== END SUMMARY ==="

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import KairoxError
+from ..errors import KairoxError
 
 MAX_GROUPS = 1024
 DEFAULT_GROUP_SIZE = 32

@@ -22,9 +22,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter
 
-from . import format as fmt
-from .errors import KairoxError
-from .outputs import atomic_file
+from .. import format as fmt
+from ..errors import KairoxError
+from ..outputs import atomic_file
 
 #: bumped whenever the weights a given shape/spec produces change, so that cached files are
 #: rewritten (2: zero-mean random codes)

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import _lib
-from .balancer import Balancer, BalancerConfig
-from .errors import KairoxError
+from .. import _lib
+from ..balancer import Balancer, BalancerConfig
+from ..errors import KairoxError
 from .traces import Trace
 
 MODES = ("wait", "async")

@@ -25,11 +25,11 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 from rich.console import Console
 
-from . import format as fmt
+from .. import format as fmt
+from ..errors import KairoxError
+from ..llama import ContextParams, Model
+from ..progress import make_progress
 from .convert import rewrite_metadata
-from .errors import KairoxError
-from .llama import ContextParams, Model
-from .progress import make_progress
 
 #: a prompt of our own; the model continues it greedily and those tokens are replayed
 DEFAULT_PROMPT = ("A short guide to keeping a vegetable garden: choose a sunny spot, loosen the "

@@ -33,10 +33,12 @@ from gguf import (
 )
 from rich.console import Console
 
-from . import format as fmt
-from ._lib import KAIROX_ACTIVATIONS
+from .. import format as fmt
+from .._lib import KAIROX_ACTIVATIONS
+from ..errors import KairoxError
+from ..outputs import atomic_file, check_output_file
+from ..progress import make_progress
 from .corpus import Corpus
-from .errors import KairoxError
 from .grouping import (
     DEFAULT_GROUP_SIZE,
     LayerGrouping,
@@ -54,8 +56,6 @@ from .profile import (
     magnitude_quantile,
     open_or_run_profile,
 )
-from .outputs import atomic_file, check_output_file
-from .progress import make_progress
 from .quant import check_quantizable, dequantize, ggml_type, quantize, row_nbytes
 from .selftext import with_self_text
 

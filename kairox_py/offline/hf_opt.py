@@ -25,9 +25,9 @@ import numpy as np
 from gguf import GGUFWriter, LlamaFileType, TokenType
 from rich.console import Console
 
+from ..errors import KairoxError
+from ..outputs import atomic_file, check_output_file
 from .convert import NewTensor, write_tensors
-from .errors import KairoxError
-from .outputs import atomic_file, check_output_file
 
 ARCH = "opt"
 #: HF's positions start at this row of embed_positions (OPTLearnedPositionalEmbedding's offset)

@@ -41,13 +41,13 @@ import numpy as np
 from gguf import GGUFReader
 from rich.console import Console
 
-from . import format as fmt
-from .errors import KairoxError
-from .llama import ContextParams, Model, Profiler
-from .outputs import check_output_dir
-from .profile import file_sha256, magnitude_quantile
-from .progress import make_progress
-from .quant import dequantize
+from .. import format as fmt
+from ..errors import KairoxError
+from ..llama import ContextParams, Model, Profiler
+from ..offline.profile import file_sha256, magnitude_quantile
+from ..offline.quant import dequantize
+from ..outputs import check_output_dir
+from ..progress import make_progress
 
 TRACE_VERSION = 1
 DEFAULT_STEPS = 256

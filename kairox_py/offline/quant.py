@@ -12,8 +12,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as _gguf_dequantize
 
-from . import _lib
-from .errors import KairoxError
+from .. import _lib
+from ..errors import KairoxError
 
 #: --down-type choices (lower-case ggml type names)
 WRITABLE_TYPES = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k", "q5_0", "q5_1", "q4_k", "q4_0",
@@ -59,15 +59,14 @@ def quantize(x: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     if qtype == GGMLQuantizationType.F16:
         return x.astype(np.float16)
     check_quantizable(qtype, n)
-    lib = _lib.lib()
-    if lib.ggml_quantize_requires_imatrix(int(qtype)):
+    if _lib.ggml_quantize_requires_imatrix(int(qtype)):
         raise KairoxError(f"{qtype.name} needs an importance matrix: choose another --down-type")
     nb = row_nbytes(qtype, n)
-    if int(lib.ggml_row_size(int(qtype), n)) != nb:
+    if int(_lib.ggml_row_size(int(qtype), n)) != nb:
         raise KairoxError(f"row size of {qtype.name} disagrees between gguf and the library")
     out = np.empty((rows, nb), dtype=np.uint8)
-    written = lib.ggml_quantize_chunk(int(qtype), x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                                      out.ctypes.data_as(ctypes.c_void_p), 0, rows, n, None)
+    written = _lib.ggml_quantize_chunk(int(qtype), x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                       out.ctypes.data_as(ctypes.c_void_p), 0, rows, n, None)
     if written != out.nbytes:
         raise KairoxError(f"ggml_quantize_chunk wrote {written} bytes, expected {out.nbytes}")
     return out
