@@ -31,6 +31,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("eval", "eval_cmd"),
     ("trace", "trace"),
     ("simulate", "simulate"),
+    ("workload", "workload"),
     ("bench", "bench"),
 ]
 
