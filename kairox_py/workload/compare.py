@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .stats import Stats
+from ..sim.figures import _plt  # matplotlib on the Agg backend, or None without it
 
 
 @dataclass(frozen=True)
@@ -137,15 +138,6 @@ def write_report(out: Path, wl: Stats, tr: Stats, rows: list[Row], wl_label: str
     return paths
 
 
-def _plt():  # type: ignore[no-untyped-def]
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
 
 
 def _fig8(plt, out: Path, wl: Stats, tr: Stats, wl_label: str, tr_label: str) -> Path:  # type: ignore[no-untyped-def]
