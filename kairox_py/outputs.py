@@ -7,6 +7,7 @@ delete files it did not write itself. Every command that writes goes through the
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -83,4 +84,22 @@ def atomic_file(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh temporary sibling directory to fill in place of `path`: it replaces `path` (an
+    earlier one is removed) when the block ends normally, and is removed on any error or
+    interruption, so a half-written directory never takes the place of `path`."""
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise

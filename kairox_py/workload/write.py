@@ -20,7 +20,6 @@ import csv
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KairoxError
-from ..outputs import check_output_dir
+from ..outputs import atomic_dir, check_output_dir
 from ..sim.traces import TRACE_FILES, TRACE_VERSION, Trace, TraceMeta, pack
 from .model import SOURCES, Generator, WorkloadParams, expected_stats
 from .shapes import cpu_perf_rows, model_costs
@@ -55,10 +54,7 @@ def write_workload(p: WorkloadParams, out_dir: str | os.PathLike[str],
     t0 = time.monotonic()
     gen = Generator(p)
     L, n = p.shape.n_layer, p.shape.n_ff
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with atomic_dir(out) as tmp:
         shape = (p.n_seq, p.n_steps, L, n // 8)
         act_bits = np.lib.format.open_memmap(tmp / "active.npy", "w+", np.uint8, shape)
         pred_bits = np.lib.format.open_memmap(tmp / "predicted.npy", "w+", np.uint8, shape)
@@ -105,12 +101,6 @@ def write_workload(p: WorkloadParams, out_dir: str | os.PathLike[str],
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return Trace(out)
 
 
