@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,7 +45,7 @@ from ..errors import KairoxError
 from ..llama import ContextParams, Model, Profiler
 from ..offline.profile import file_sha256, magnitude_quantile
 from ..offline.quant import dequantize
-from ..outputs import check_output_dir
+from ..outputs import atomic_dir, check_output_dir
 from ..progress import make_progress
 
 TRACE_VERSION = 1
@@ -336,10 +335,7 @@ def record_traces(model_path: str | os.PathLike[str], prompts: Sequence[str],
             raise KairoxError(f"FFN width {n_ff} is not a multiple of 8 and of group size {gs}")
         encoded = [model.encode_prompt(p, opts.chat) for p in prompts]
         n_seq, n_steps = len(prompts), opts.n_steps
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
+        with atomic_dir(out) as tmp:
             shape = (n_seq, n_steps, n_layer, n_ff // 8)
             act_bits = np.lib.format.open_memmap(tmp / "active.npy", "w+", np.uint8, shape)
             pred_bits = (np.lib.format.open_memmap(tmp / "predicted.npy", "w+", np.uint8, shape)
@@ -401,12 +397,6 @@ def record_traces(model_path: str | os.PathLike[str], prompts: Sequence[str],
                 recall=[round(float(v), 5) for v in stats[2] / np.maximum(stats[0], 1)] if has_pred else [],
                 seconds=round(time.monotonic() - t0, 2))
             (tmp / "meta.json").write_text(meta.to_json())
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return Trace(out)
 
 
