@@ -677,6 +677,26 @@ def kairox_get_layer_stats(ctx: Handle, out: CPtr[kairox_layer_stats], n_max: in
 def kairox_reset_stats(ctx: Handle, /) -> None: ...
 
 
+# --- workloads (synthetic models) ---
+
+# int32_t kairox_set_workload(struct llama_context * ctx, const uint8_t * bits, int64_t n_steps,
+#                             int32_t n_layer, int64_t n_ff, char * err, size_t err_size);
+@ctypes_function("kairox_set_workload",
+                 [llama_context_p, POINTER(c_uint8), c_int64, c_int32, c_int64, c_char_p, c_size_t], c_int32)
+def kairox_set_workload(ctx: Handle, bits: CPtr[c_uint8], n_steps: int, n_layer: int, n_ff: int,
+                        err: Any, err_size: int, /) -> int: ...
+
+
+# void kairox_workload_seek(struct llama_context * ctx, int64_t step);
+@ctypes_function("kairox_workload_seek", [llama_context_p, c_int64], None)
+def kairox_workload_seek(ctx: Handle, step: int, /) -> None: ...
+
+
+# int64_t kairox_workload_pos(const struct llama_context * ctx);
+@ctypes_function("kairox_workload_pos", [llama_context_p], c_int64)
+def kairox_workload_pos(ctx: Handle, /) -> int: ...
+
+
 # --- hybrid runtime ---
 
 # int32_t kairox_hybrid_get_info(const struct llama_context * ctx, struct kairox_hybrid_info * out);

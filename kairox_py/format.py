@@ -24,6 +24,8 @@ KEY_PRED_DOWN_SCALE = "kairox.predictor.down_scale"  # f32 (optional): predictor
 #: library's built-in crossover per weight type)
 KEY_DOWN_DENSE_SHARE = "kairox.down_dense_share"
 KEY_PERMUTED = "kairox.permuted"               # bool
+#: bool (optional): random weights for speed measurements; only such a model runs a workload
+KEY_SYNTHETIC = "kairox.synthetic"
 
 TENSOR_DOWN_T = "blk.%d.ffn_down_t"            # numpy (n_ff, n_embd)
 TENSOR_PRED_UP = "blk.%d.kx_pred_up"           # numpy (rank, n_embd) + .bias (rank,)
@@ -46,6 +48,7 @@ NAMES: dict[str, str] = {
     "KEY_PRED_DOWN_SCALE": KEY_PRED_DOWN_SCALE,
     "KEY_DOWN_DENSE_SHARE": KEY_DOWN_DENSE_SHARE,
     "KEY_PERMUTED": KEY_PERMUTED,
+    "KEY_SYNTHETIC": KEY_SYNTHETIC,
     "TENSOR_DOWN_T": TENSOR_DOWN_T,
     "TENSOR_PRED_UP": TENSOR_PRED_UP,
     "TENSOR_PRED_DOWN": TENSOR_PRED_DOWN,

@@ -757,6 +757,39 @@ class Session:
     def reset_hybrid_stats(self) -> None:
         _lib.kairox_hybrid_reset_stats(self.ptr)
 
+    # -- workloads -----------------------------------------------------------------------
+    def set_workload(self, bits: np.ndarray | None) -> None:
+        """Run a workload's selections instead of the predictor (synthetic models only).
+
+        bits: uint8 (n_steps, n_layer, n_ff / 8), one bit per neuron (little bit order), as
+        `kairox workload` writes them per sequence; None removes the workload. The k-th token
+        through the sparse FFN after `seek_workload(s)` takes step (s + k) mod n_steps, so the
+        speed of the real runtime (kernels, device cache, balancer) is measured under a
+        workload's dynamics; a real model refuses one (its masks come from its predictor).
+        """
+        err = ctypes.create_string_buffer(512)
+        if bits is None:
+            _lib.kairox_set_workload(self.ptr, None, 0, 0, 0, err, len(err))
+            return
+        arr = np.ascontiguousarray(bits, dtype=np.uint8)
+        if arr.ndim != 3:
+            raise KairoxError(f"workload bits must be (steps, layers, n_ff / 8), got shape {arr.shape}")
+        n_steps, n_layer, n_bytes = arr.shape
+        rc = _lib.kairox_set_workload(self.ptr, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                      n_steps, n_layer, 8 * n_bytes, err, len(err))
+        if rc != 0:
+            raise KairoxError(f"workload refused: {err.value.decode(errors='replace')}")
+
+    def seek_workload(self, step: int) -> None:
+        """Make the next token take this step of the workload."""
+        _lib.kairox_workload_seek(self.ptr, step)
+
+    @property
+    def workload_pos(self) -> int | None:
+        """The workload step the next token takes (None: no workload)."""
+        pos = int(_lib.kairox_workload_pos(self.ptr))
+        return None if pos < 0 else pos
+
     def set_op_timing(self, enable: bool = True) -> None:
         """Time every graph node of the CPU backend (for `op_times`); costs a clock read per node."""
         if not _lib.kairox_set_op_timing(self.ptr, enable):

@@ -25,8 +25,6 @@ relative difference) and per_layer.csv under --out.
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import shutil
 import sys
 import time
@@ -34,22 +32,20 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kairox_py.balancer import POLICIES as BALANCER_POLICIES  # noqa: E402
-from kairox_py.balancer import BalancerConfig  # noqa: E402
 from kairox_py.errors import KairoxError  # noqa: E402
 from kairox_py.format import ffn_input_kind  # noqa: E402
 from kairox_py.hybrid import POLICIES  # noqa: E402
 from kairox_py.llama import ContextParams, Model, Profiler  # noqa: E402
 from kairox_py.progress import make_progress  # noqa: E402
-from kairox_py.sim.replay import DEFAULT_CPU, PRESETS, CostModel, SequenceData, SimConfig, simulate  # noqa: E402
+from kairox_py.sim import agreement  # noqa: E402
+from kairox_py.sim.agreement import RuntimeCounts  # noqa: E402
+from kairox_py.sim.replay import DEFAULT_CPU, SequenceData  # noqa: E402
 from kairox_py.sim.traces import TRACE_VERSION, Trace, TraceMeta, model_costs, pack, read_kairox  # noqa: E402
 
 GIB = float(1 << 30)
-BALANCER_NAME = {v: k for k, v in BALANCER_POLICIES.items()}  # enum -> the simulator's policy name
 
 # our own prompts (no third-party text); a user's own go in with --prompts
 PROMPTS = [
@@ -139,10 +135,6 @@ def _write_trace(path: Path, kx_path: Path, kx, masks: list[np.ndarray], tokens:
     return Trace(path)
 
 
-def _rel(a: float, b: float) -> float:
-    return abs(a - b) / abs(b) if b else (0.0 if a == b else math.inf)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("kairox_gguf")
@@ -182,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         encoded = [model.encode_prompt(p, chat=True) for p in prompts]
         n_runs = len(prompts) * (1 + len(shares) * len(policies))
         ref_tokens, masks = [], []
-        # stats[(share, policy)] = per layer [loads, bytes, active, active_dev, steps], slots
-        acc: dict[tuple[float, str], np.ndarray] = {}
-        slots: dict[float, tuple[int, ...]] = {}
+        counts = RuntimeCounts()
         with make_progress(console) as bar:
             task = bar.add_task("stand-in runs", total=n_runs)
             for prompt in encoded:
@@ -198,76 +188,17 @@ def main(argv: list[str] | None = None) -> int:
                         t2, in2, st, inf = _run(model, prompt, a.steps, budget, pol, a.threads, forced=toks)
                         if any(not np.array_equal(x, y) for a_, b_ in zip(inputs, in2) for x, y in zip(a_, b_)):
                             raise KairoxError(f"{pol} at share {share}: FFN inputs differ from the CPU-only run")
-                        rec = np.array([[x.loads, x.bytes_reloaded, x.active, x.active_dev, x.steps] for x in st],
-                                       dtype=np.float64)
-                        acc[(share, pol)] = acc.get((share, pol), 0) + rec
-                        slots[share] = tuple(x.n_slots for x in st)
+                        counts.add(share, pol, st)
                         bar.advance(task)
 
         trace = _write_trace(out / "trace", kx_path, kx, masks, ref_tokens, prompts, model)
     data = SequenceData(trace, "predicted", gs)
-    cost = CostModel.build(trace, PRESETS["pc-low"], DEFAULT_CPU, gs)
-    group_bytes = cost.group_bytes
-    rows, per_layer = [], []
-    for share in shares:
-        for pol in policies:
-            fixed = BalancerConfig(policy=BALANCER_NAME[POLICIES[pol]])
-            res = simulate(data, cost, SimConfig(budget=share, balancer=fixed, deadband_us=math.inf,
-                                                 slots=slots[share], layer0="current"))
-            # drop each sequence's step 0 (the prefill)
-            keep = np.ones(res.n_tokens, dtype=bool)
-            keep[:: trace.n_steps] = False
-            s_loads, s_rows, s_gpu = res.loads[keep], res.rows[keep], res.gpu_rows[keep]
-            h = acc[(share, pol)]
-            n_dec = float(h[0, 4])
-            h_bytes = h[:, 1].sum() / n_dec
-            s_bytes = float(s_loads.sum()) * group_bytes / keep.sum()
-            h_hit = h[:, 3] / np.maximum(h[:, 2], 1)
-            s_hit = s_gpu.sum(axis=0) / np.maximum(s_rows.sum(axis=0), 1)
-            cached = np.asarray(slots[share]) > 0
-            hit_rel = [_rel(x, y) for x, y, n in zip(h_hit, s_hit, slots[share]) if n > 0]
-            rows.append({"budget_share": share, "policy": pol, "slots": int(sum(slots[share])),
-                         "standin_mb_per_step": h_bytes / 1e6, "sim_mb_per_step": s_bytes / 1e6,
-                         "reload_rel_diff": _rel(h_bytes, s_bytes),
-                         # over the layers that have slots (a layer without any is not planned,
-                         # and its stats stay empty)
-                         "standin_hit": float(h[cached, 3].sum() / max(h[cached, 2].sum(), 1)),
-                         "sim_hit": float(s_gpu[:, cached].sum() / max(s_rows[:, cached].sum(), 1)),
-                         "max_layer_hit_rel_diff": max(hit_rel) if hit_rel else 0.0})
-            for il in range(L):
-                per_layer.append({"budget_share": share, "policy": pol, "layer": il, "slots": slots[share][il],
-                                  "standin_loads_per_step": h[il, 0] / n_dec,
-                                  "sim_loads_per_step": float(s_loads[:, il].sum()) / keep.sum(),
-                                  "standin_hit": h_hit[il], "sim_hit": s_hit[il]})
-
-    def ok(r: dict) -> bool:  # type: ignore[type-arg]
-        return r["reload_rel_diff"] <= 0.10 and r["max_layer_hit_rel_diff"] <= 0.10
-
-    tab = Table(title=f"CPU stand-in vs simulator replay ({len(prompts)} prompts x {a.steps} decode steps, "
-                      f"{kx_path.name}, group {gs})")
-    for c in ("budget", "policy", "slots", "MB/step stand-in", "MB/step sim", "diff", "hit stand-in",
-              "hit sim", "worst layer hit diff", "within 10%"):
-        tab.add_column(c, justify="right")
-    for r in rows:
-        tab.add_row(f"{r['budget_share']:g}", r["policy"], str(r["slots"]), f"{r['standin_mb_per_step']:.3f}",
-                    f"{r['sim_mb_per_step']:.3f}", f"{100 * r['reload_rel_diff']:.1f}%", f"{r['standin_hit']:.3f}",
-                    f"{r['sim_hit']:.3f}", f"{100 * r['max_layer_hit_rel_diff']:.1f}%", "yes" if ok(r) else "NO")
-    console.print(tab)
-    with open(out / "summary.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    with open(out / "per_layer.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(per_layer[0]))
-        w.writeheader()
-        w.writerows(per_layer)
-    md = ["| budget | policy | slots | MB/step stand-in | MB/step sim | diff | hit stand-in | hit sim | worst layer hit diff |",
-          "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    md += [f"| {r['budget_share']:g} | {r['policy']} | {r['slots']} | {r['standin_mb_per_step']:.3f} | "
-           f"{r['sim_mb_per_step']:.3f} | {100 * r['reload_rel_diff']:.1f}% | {r['standin_hit']:.3f} | "
-           f"{r['sim_hit']:.3f} | {100 * r['max_layer_hit_rel_diff']:.1f}% |" for r in rows]
-    (out / "summary.md").write_text("\n".join(md) + "\n")
-    n_ok = sum(ok(r) for r in rows)
+    rows, per_layer = agreement.compare(data, DEFAULT_CPU, counts, shares, policies, drop_first_step=True)
+    title = (f"CPU stand-in vs simulator replay ({len(prompts)} prompts x {a.steps} decode steps, "
+             f"{kx_path.name}, group {gs})")
+    console.print(agreement.table(rows, title))
+    agreement.write(out, rows, per_layer, f"{title}: `python3 scripts/hybrid_vs_sim.py {kx_path.name}`")
+    n_ok = sum(agreement.within(r) for r in rows)
     console.print(f"{n_ok}/{len(rows)} within 10%; tokens identical to the CPU-only path in every run; "
                   f"{time.monotonic() - t0:.0f} s; wrote {out}/summary.csv, summary.md, per_layer.csv, trace/")
     return 0 if n_ok == len(rows) else 1

@@ -27,8 +27,8 @@ from ..errors import KairoxError
 from ..outputs import atomic_file
 
 #: bumped whenever the weights a given shape/spec produces change, so that cached files are
-#: rewritten (2: zero-mean random codes)
-SYNTHETIC_VERSION = 2
+#: rewritten (2: zero-mean random codes; 3: kairox.synthetic, so that a workload can run)
+SYNTHETIC_VERSION = 3
 
 #: block layouts of the types written here: (elements per block, bytes per block)
 _BLOCKS = {QT.Q4_0: (32, 18), QT.Q8_0: (32, 34), QT.F16: (1, 2), QT.F32: (1, 4)}
@@ -153,7 +153,7 @@ SYNTHETIC_ARCHES = tuple(_LAYOUTS)
 def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = LlamaShape(),
                           wtype: str = "q4_0", sparse: SparseSpec | None = None,
                           seed: int = 0, group_size: int = 0, arch: str = "llama",
-                          activation: str | None = None) -> Path:
+                          activation: str | None = None, group_freq: np.ndarray | None = None) -> Path:
     """Write a random-weight llama GGUF (with Kairox data when `sparse` is given), atomically.
 
     group_size > 0 also declares neuron groups of that size (no profiled frequencies), which
@@ -163,6 +163,9 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
     paths must add to the selected neurons only) and learned positions; Qwen2's q/k/v biases,
     Qwen3's q/k norms, Gemma's tied output and Gemma 2's post norms.
     activation ("relu", ...) writes kairox.activation, as a ReLU-fied llama's GGUF carries it.
+    group_freq (n_layer, n_ff / group_size): the groups' profiled frequencies (kx_group_freq),
+    e.g. a workload's base rates, from which the hybrid runtime places its cache at start.
+    Every file declares kairox.synthetic, the one kind of model that runs a workload.
     """
     if arch not in SYNTHETIC_ARCHES:
         raise KairoxError(f"synthetic models are {', '.join(SYNTHETIC_ARCHES)}, not {arch!r}")
@@ -173,6 +176,10 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         raise KairoxError("the vocabulary needs at least 300 tokens")
     if group_size < 0 or (group_size and shape.n_ff % group_size):
         raise KairoxError(f"group_size must divide n_ff ({shape.n_ff}), got {group_size}")
+    if group_freq is not None:
+        group_freq = np.asarray(group_freq, dtype=np.float32)
+        if sparse is None or not group_size or group_freq.shape != (shape.n_layer, shape.n_ff // group_size):
+            raise KairoxError("group_freq needs Kairox data and group_size, shaped (n_layer, n_ff / group_size)")
     out = Path(path)
     if not out.parent.is_dir():
         raise KairoxError(f"output directory does not exist: {out.parent}")
@@ -266,6 +273,8 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
             mat(pred_up + ".weight", r, e, pred_qt, 1.0 / math.sqrt(e))
             mat(pred_down + ".weight", f, r, pred_qt, math.sqrt(2.0 / r))
             const(pred_down + ".bias", np.zeros(f, np.float32), QT.F32)
+        if group_freq is not None:
+            const(fmt.TENSOR_GROUP_FREQ % i, group_freq[i], QT.F32)
 
     with atomic_file(out) as tmp:
         w = GGUFWriter(tmp, arch)
@@ -297,6 +306,7 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
         if sparse is not None:
             w.add_uint32(fmt.KEY_FORMAT_VERSION, fmt.FORMAT_VERSION)
             w.add_string(fmt.KEY_MODE, "predictor")
+            w.add_bool(fmt.KEY_SYNTHETIC, True)
             w.add_array(fmt.KEY_PRED_RANK, [sparse.pred_rank] * L)
             w.add_float32(fmt.KEY_PRED_THRESHOLD, 0.5)
             if group_size:

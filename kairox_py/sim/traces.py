@@ -253,6 +253,13 @@ class Trace:
     def kinds(self) -> list[str]:
         return list(self._bits)
 
+    def bits(self, seq: int, kind: str = "active") -> np.ndarray:
+        """uint8 (n_steps, n_layer, n_ff / 8) of one sequence, packed as stored (what the
+        runtime takes as a workload: `Session.set_workload`)."""
+        if kind not in self._bits:
+            raise KairoxError(f"the trace has no '{kind}' masks (it has {', '.join(self._bits)})")
+        return np.ascontiguousarray(self._bits[kind][seq])
+
     def mask(self, seq: int, kind: str = "active") -> np.ndarray:
         """bool (n_steps, n_layer, n_ff) of one sequence: "active" or "predicted"."""
         if kind not in self._bits:
