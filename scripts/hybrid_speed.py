@@ -17,31 +17,50 @@ with --pred-rank 0 the masks are given (the same neurons every token, so the cac
 them and then holds still), with a rank > 0 a random low-rank predictor picks each token's
 neurons (no locality: the balancer reloads every step). --policies runs the hybrid
 configurations once per balancer policy.
+
+--workload PRESET|DIR (with --synthetic) runs an activation workload of `kairox workload`
+instead: every decode step takes its masks from the workload's next step (the first sequence),
+so the cache and the balancer see a workload's dynamics; the model carries the workload's
+group frequencies as its profiled ones. A preset is generated at the model's shape.
+
+    python3 scripts/hybrid_speed.py --synthetic 7b --layers 8 --workload relu-7b --policies static,tam
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import statistics
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, pred_threshold_for, write_synthetic_llama  # noqa: E402
+from kairox_py.benchmark.synthetic import SHAPES, LlamaShape, SparseSpec, pred_threshold_for  # noqa: E402
+from kairox_py.benchmark.synthetic import write_synthetic_llama  # noqa: E402
+from kairox_py.errors import KairoxError  # noqa: E402
 from kairox_py.llama import ContextParams, Model, has_gpu  # noqa: E402
+from kairox_py.sim.traces import Trace  # noqa: E402
+from kairox_py.workload.model import PRESETS as WORKLOAD_PRESETS  # noqa: E402
+from kairox_py.workload.model import resolve  # noqa: E402
+from kairox_py.workload.write import open_workload, write_workload  # noqa: E402
 
 GIB = float(1 << 30)
 
 
-def decode_tps(m: Model, params: ContextParams, prompt: list[int], n: int) -> tuple[float, str]:
-    """Greedy decode tok/s after the prompt, and the hybrid device's name ('' without one)."""
+def decode_tps(m: Model, params: ContextParams, prompt: list[int], n: int,
+               workload: np.ndarray | None = None) -> tuple[float, str]:
+    """Greedy decode tok/s after the prompt, and the hybrid device's name ('' without one);
+    with a workload (packed bits of one sequence) every sparse step takes its masks from it."""
     with m.session(params) as s:
+        if workload is not None and params.mode != "dense":
+            s.set_workload(workload)
         s.decode(prompt)
         tok = int(s.logits().argmax())
         t0 = time.perf_counter()
@@ -53,6 +72,20 @@ def decode_tps(m: Model, params: ContextParams, prompt: list[int], n: int) -> tu
         return n / dt, info.device if info else ""
 
 
+def _workload(source: str, shape: LlamaShape, seed: int, out: Path, console: Console) -> Trace:
+    """A workload at the model's shape: a directory as it is (checked), or a preset generated."""
+    if source not in WORKLOAD_PRESETS:
+        trace = open_workload(source)[0]
+        if (trace.n_layer, trace.n_ff) != (shape.n_layer, shape.n_ff):
+            raise KairoxError(f"the workload is {trace.n_layer} layers x {trace.n_ff} neurons, the model "
+                              f"{shape.n_layer} x {shape.n_ff}")
+        return trace
+    p = resolve(source, seed=seed, n_layer=shape.n_layer, n_embd=shape.n_embd, n_ff=shape.n_ff,
+                weight_type="q4_0", n_seq=1)
+    console.print(f"generating workload {source} (seed {seed}) into {out} ...")
+    return write_workload(p, out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -61,6 +94,9 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=0, help="--synthetic: this many layers (0: the shape's)")
     ap.add_argument("--density", type=float, default=0.3, help="--synthetic: share of FFN neurons selected")
     ap.add_argument("--pred-rank", type=int, default=0, help="--synthetic: 0 masks given, > 0 a random predictor")
+    ap.add_argument("--workload", metavar="PRESET|DIR",
+                    help="--synthetic: masks from an activation workload (a preset or a directory)")
+    ap.add_argument("--seed", type=int, default=0, help="--workload PRESET: the draw")
     ap.add_argument("--shares", default="0.25,0.5,1.0", help="cache sizes as shares of all FFN groups")
     ap.add_argument("--policies", default="tam", help="balancer policies of the hybrid runs (comma-separated)")
     ap.add_argument("-n", "--n-predict", type=int, default=32)
@@ -73,15 +109,23 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     pred_thr = 0.0
+    bits = None
+    if a.workload and not a.synthetic:
+        ap.error("--workload needs --synthetic (only a synthetic model runs a workload)")
     if a.synthetic:
         shape = SHAPES[a.synthetic]
         if a.layers:
             shape = replace(shape, n_layer=a.layers)
         spec = SparseSpec(pred_rank=a.pred_rank)
-        path = out / f"synthetic-{a.synthetic}-{shape.n_layer}l-r{a.pred_rank}.gguf"
+        freq, tag = None, ""
+        if a.workload:
+            trace = _workload(a.workload, shape, a.seed, out / "workload", console)
+            freq, bits = trace.group_freq, trace.bits(0, "predicted")
+            tag = "-wl" + hashlib.sha256(freq.tobytes()).hexdigest()[:12]
+        path = out / f"synthetic-{a.synthetic}-{shape.n_layer}l-r{a.pred_rank}{tag}.gguf"
         if not path.exists():
             console.print(f"writing {path} ...")
-            write_synthetic_llama(path, shape, "q4_0", spec, group_size=32)
+            write_synthetic_llama(path, shape, "q4_0", spec, group_size=32, group_freq=freq)
         pred_thr = pred_threshold_for(a.density, spec)
     else:
         path = Path(a.model)
@@ -108,7 +152,7 @@ def main() -> int:
         device = ""
         for r in range(a.runs + 1):  # the first round warms up (page cache, device allocations)
             for name, p in configs:
-                tps, dev = decode_tps(m, p, prompt, a.n_predict)
+                tps, dev = decode_tps(m, p, prompt, a.n_predict, bits)
                 device = dev or device
                 if r > 0:
                     speeds[name].append(tps)
@@ -144,4 +188,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KairoxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
