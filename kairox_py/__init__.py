@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 
 from ._lib import set_verbose
+from .chat import ChatModel, ChatRequestError
 from .default_model import DEFAULT_MODEL, WheelModel, cache_dir
 from .default_model import ensure_model as ensure_default_model
 from .errors import KairoxError
@@ -28,6 +29,8 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree
 
 __all__ = [
     "DEFAULT_MODEL",
+    "ChatModel",
+    "ChatRequestError",
     "ContextParams",
     "GGUFSummary",
     "KairoxError",
