@@ -33,6 +33,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("simulate", "simulate"),
     ("workload", "workload"),
     ("bench", "bench"),
+    ("fetch", "fetch"),
 ]
 
 

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,8 @@ import pytest
 import kairox_py
 from kairox_py import ContextParams, Model, _lib, ensure_default_model
 from kairox_py.benchmark.synthetic import LlamaShape
+from kairox_py.models import DownloadError
+from kairox_py.models import fetch as fetch_model
 from kairox_py.offline.convert import ConvertOptions, ConvertResult, convert
 from kairox_py.offline.corpus import default_corpus
 from kairox_py.offline.predictor import TrainConfig
@@ -33,6 +35,22 @@ PACKAGE_PARENT = Path(kairox_py.__file__).resolve().parent.parent
 def model_path() -> Path:
     """The default model's GGUF (downloaded and verified the first time)."""
     return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Callable[[str], Path]:
+    """The cached GGUF of a model of kairox_py.models by key, fetched if missing; skips the
+    test when it is neither cached nor downloadable (offline). A download that arrives but
+    fails verification is an error, not a skip. Tests using it are marked `slow`: the
+    downloads are hundreds of MB."""
+
+    def get(key: str) -> Path:
+        try:
+            return fetch_model(key)
+        except DownloadError as e:
+            pytest.skip(f"{key} is not cached and cannot be fetched: {e}")
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -150,8 +150,8 @@ PRESETS: dict[str, WorkloadParams] = {
         precision=0.68, error_bias=0.5),
     "silu-7b": WorkloadParams(
         preset="silu-7b", shape=SHAPES["llama2-7b"], density=0.50, layer_spread=0.0, hot80=0.75,
-        rate_cap=0.85, seq_jitter=0.15, cold_share=0.7, window_hot=3.0, window_cold=1.9,
-        topic_size=64, topic_mix=1.0, topic_on=0.3, drift_concentration=1.5, segment_len=1.5,
+        rate_cap=0.85, seq_jitter=0.15, cold_share=0.7, window_hot=3.45, window_cold=2.05,
+        topic_size=64, topic_mix=1.0, topic_on=0.38, drift_concentration=3.8, segment_len=1.5,
         topic_share_hot=0.3, topic_share_cold=0.65, one_hit_cold=0.05, recall=0.97,
         precision=0.54, error_bias=0.5),
 }
@@ -195,8 +195,10 @@ SOURCES: dict[str, dict[str, str]] = {
         "recall": "our default model's trace: recall 97.0% (BENCHMARKS.md, Balancer and simulator)",
         "precision": "the same trace: 51.4% active, 91.8% predicted, recall 97.0% -> precision 0.54",
         "fitted": "hot80, rate_cap, seq_jitter, windows, topics, drift and one-hit share fitted to "
-                  "a 4 x 256-step trace of the default model (SmolLM2-135M, SiLU, thresholds at "
-                  "50%): docs/workloads.md lists the statistics side by side",
+                  "4 x 256-step traces of our three real SiLU models (SmolLM2-135M, "
+                  "Qwen2.5-Coder-0.5B and -1.5B, thresholds at 50%), minimising the sum over the "
+                  "models of the distances of `kairox workload --compare` with the worst model no "
+                  "worse: docs/workloads.md and docs/benchmarks/workload-fit list them side by side",
     },
 }
 
