@@ -25,6 +25,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from tokenize import TokenError
 from typing import Any
 
 import numpy as np
@@ -76,7 +77,14 @@ class ProfileMeta:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ProfileMeta:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        """The metadata of a meta.json; TypeError when a dimension is not a non-negative
+        integer (shapes are computed from them)."""
+        meta = cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        for name in ("version", "n_layer", "n_embd", "n_ff", "n_tokens", "ctx", "tokens_requested"):
+            v = getattr(meta, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise TypeError(f"{name} must be a non-negative integer, got {v!r}")
+        return meta
 
 
 class Profile:
@@ -97,12 +105,16 @@ class Profile:
         try:
             self.inputs = np.load(self.dir / "inputs.npy", mmap_mode="r")
             self.hidden = np.load(self.dir / "hidden.npy", mmap_mode="r")
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, EOFError, TokenError) as e:
+            # EOFError: an empty or cut .npy; TokenError: numpy's header parser on a cut header
             raise KairoxError(f"cannot read profile arrays in {self.dir}: {e}") from None
         m = self.meta
         if (self.inputs.shape != (m.n_layer, m.n_tokens, m.n_embd)
                 or self.hidden.shape != (m.n_layer, m.n_tokens, m.n_ff)):
             raise KairoxError(f"profile arrays in {self.dir} do not match meta.json")
+        if self.inputs.dtype.kind != "f" or self.hidden.dtype.kind != "f":
+            raise KairoxError(f"profile arrays in {self.dir} are not floating point "
+                              f"({self.inputs.dtype}, {self.hidden.dtype})")
 
     @property
     def n_layer(self) -> int:

@@ -34,6 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from tokenize import TokenError
 from typing import Any
 
 import numpy as np
@@ -203,7 +204,19 @@ class TraceMeta:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TraceMeta:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        """The metadata of a meta.json; TypeError when a dimension is not a non-negative
+        integer (the readers compute shapes from them, and a string or a list there would
+        fail far from the file)."""
+        meta = cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        for name in _META_INTS:
+            v = getattr(meta, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise TypeError(f"{name} must be a non-negative integer, got {v!r}")
+        return meta
+
+
+#: TraceMeta fields that give array shapes and must be plain integers
+_META_INTS = ("version", "n_layer", "n_embd", "n_ff", "group_size", "n_seq", "n_steps")
 
 
 class Trace:
@@ -228,11 +241,19 @@ class Trace:
             if m.has_predicted:
                 self._bits["predicted"] = np.load(self.dir / "predicted.npy", mmap_mode="r")
             self.tokens = np.load(self.dir / "tokens.npy", mmap_mode="r")
-            self.group_freq = np.load(self.dir / "group_freq.npy")
-        except (OSError, ValueError) as e:
+            # memory-mapped first: a header that claims more than the file holds is refused
+            # here instead of allocating what it claims
+            self.group_freq = np.array(np.load(self.dir / "group_freq.npy", mmap_mode="r"))
+        except (OSError, ValueError, EOFError, TokenError) as e:
+            # EOFError: an empty or cut .npy; TokenError: numpy's header parser on a cut header
             raise KairoxError(f"cannot read trace arrays in {self.dir}: {e}") from None
         if any(b.shape != shape for b in self._bits.values()) or self.tokens.shape != shape[:2]:
             raise KairoxError(f"trace arrays in {self.dir} do not match meta.json")
+        if any(b.dtype != np.uint8 for b in self._bits.values()):
+            raise KairoxError(f"trace masks in {self.dir} are not bit-packed uint8 arrays")
+        if self.tokens.dtype.kind not in "iu" or self.group_freq.dtype.kind not in "fiu":
+            raise KairoxError(f"tokens.npy or group_freq.npy in {self.dir} has the wrong type "
+                              f"({self.tokens.dtype}, {self.group_freq.dtype})")
 
     @property
     def n_seq(self) -> int:
