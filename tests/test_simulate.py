@@ -19,7 +19,9 @@ from kairox_py.sim.replay import (
     CostModel,
     SequenceData,
     SimConfig,
+    calibration_from_csv,
     simulate,
+    trace_cpu,
 )
 from kairox_py.sim.traces import TRACE_VERSION, Trace, TraceMeta, pack
 
@@ -227,3 +229,37 @@ def test_simulate_run_spellings_and_low_lambda(run_cli, synth: Trace, tmp_path: 
     assert set(rows) == {"tam_fixed", "tam"}
     assert float(rows["tam_fixed"]["lambda"]) == pytest.approx(0.3)
     assert 0.3 - 1e-6 <= float(rows["tam"]["lambda"]) <= 0.95
+
+
+# ---------------------------------------------------------------------------------------
+# the CPU table a trace carries (a workload's, for its shape)
+# ---------------------------------------------------------------------------------------
+def test_trace_cpu_from_meta(synth: Trace, tmp_path: Path) -> None:
+    """A trace without costs["cpu"] gets the built-in table; a workload at a 7B shape gets its
+    own, the same table its cpu_perf.csv holds; a malformed one is an error."""
+    from click.testing import CliRunner
+
+    from kairox_py.commands.simulate import simulate as simulate_cmd
+    from kairox_py.workload import resolve, write_workload
+
+    assert trace_cpu(synth) is DEFAULT_CPU
+    wl = write_workload(resolve("relu-7b", n_layer=2, n_seq=1, n_steps=6), tmp_path / "wl")
+    cpu = trace_cpu(wl)
+    assert cpu.n_ff == 11008 and cpu.threads == 2 and len(cpu.density) == len(cpu.us) >= 2
+    csv_cal = calibration_from_csv(wl.dir / "cpu_perf.csv", 4096, 11008, "f16", "f16")
+    for rows in (0.05 * 11008, 0.5 * 11008, 11008):
+        assert cpu.time_us(rows) == pytest.approx(csv_cal.time_us(rows), rel=1e-3)
+    # `kairox simulate` replays it without --cpu-csv
+    r = CliRunner().invoke(simulate_cmd, [str(wl.dir), "--preset", "pc-low", "--budget", "0.5",
+                                          "--policy", "tam,static"])
+    assert r.exit_code == 0, r.output
+
+    meta = json.loads((wl.dir / "meta.json").read_text())
+    meta["costs"]["cpu"]["us"] = meta["costs"]["cpu"]["us"][:2]
+    (wl.dir / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(KairoxError, match="bad CPU table"):
+        trace_cpu(Trace(wl.dir))
+    del meta["costs"]["cpu"]["n_ff"]
+    (wl.dir / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(KairoxError, match="bad CPU table"):
+        trace_cpu(Trace(wl.dir))

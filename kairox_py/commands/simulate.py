@@ -12,7 +12,6 @@ from ..outputs import check_output_into
 from ..progress import make_progress
 from ..sim.figures import fig5, fig8, fig10, fig11, fig13
 from ..sim.replay import (
-    DEFAULT_CPU,
     MODES,
     PRESETS,
     CostModel,
@@ -20,6 +19,7 @@ from ..sim.replay import (
     SequenceData,
     SimConfig,
     calibration_from_csv,
+    trace_cpu,
 )
 from ..sim.report import bar_markdown, bar_rows, cost_notes, run_grid, write_reports
 from ..sim.traces import Trace
@@ -84,7 +84,8 @@ def _names(text: str, allowed: dict | tuple, what: str, aliases: dict[str, str] 
               help="Adapt the load cap from the bottleneck feedback too.")
 @click.option("--cpu-csv", type=click.Path(dir_okay=False), default=None,
               help="CPU calibration: `test-kairox-ops perf -o F.csv` output for the model's FFN "
-                   "shape (default: the built-in measurement of the default model).")
+                   "shape (default: the trace's own table, which a workload carries in meta.json, "
+                   "else the built-in measurement of the default model).")
 @click.option("--n-seq", type=click.IntRange(min=1), default=None,
               help="Replay only the first N sequences of the trace.")
 @click.option("--figures", is_flag=True,
@@ -109,13 +110,15 @@ def simulate(trace_dir: str, out_dir: str | None, presets: str, budgets: str, vr
                                  f"not {n_seq}", param_hint="'--n-seq'")
     if out_dir:  # before the simulations, not after them
         check_output_into(out_dir)
+    # the CPU table: --cpu-csv, else the trace's own (a workload carries one for its shape),
+    # else the built-in measurement of the default model
+    cpu = trace_cpu(trace) if cpu_csv is None else _calibration(cpu_csv, trace)
     gs = group_size or trace.meta.group_size
     if trace.n_ff % gs:
         raise KairoxError(f"--group-size {gs} does not divide the FFN width {trace.n_ff}")
     n_groups = trace.n_ff // gs
     if vram_mib is not None:
-        probe = CostModel.build(trace, PRESETS[preset_names[0]], DEFAULT_CPU if cpu_csv is None else
-                                _calibration(cpu_csv, trace), gs)
+        probe = CostModel.build(trace, PRESETS[preset_names[0]], cpu, gs)
         k = int(vram_mib * 2**20 // (probe.group_bytes * trace.n_layer))
         budget_list = [min(1.0, k / n_groups)]
     else:
@@ -123,7 +126,6 @@ def simulate(trace_dir: str, out_dir: str | None, presets: str, budgets: str, vr
     if any(not 0.0 <= b <= 1.0 for b in budget_list):
         raise click.BadParameter("values must be in [0, 1]", param_hint="'--budget'")
     grid = sorted(set(budget_list) | (set(FIG13_BUDGETS) if figures else set()))
-    cpu = DEFAULT_CPU if cpu_csv is None else _calibration(cpu_csv, trace)
     # adaptive TAM starts inside [lambda_min, lambda_max]: a --lambda outside the default range
     # moves that bound, while bounds the user gave are kept and must hold it
     if not 0.0 < lam < 1.0:

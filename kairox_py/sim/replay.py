@@ -150,6 +150,30 @@ def calibration_from_csv(path: str | Path, k: int, n: int, updown_type: str, dow
                           f"{path} ({k}x{n}, {threads} threads)")
 
 
+def trace_cpu(trace: Trace) -> CpuCalibration:
+    """The CPU table a trace carries in its metadata (``costs["cpu"]``, which `kairox workload`
+    writes for its shape), else the built-in :data:`DEFAULT_CPU`.
+
+    Why: the built-in table is for the default model's FFN width only; a workload at a 7B
+    shape knows its own table, so replaying it needs no --cpu-csv. A malformed entry is an
+    error rather than a silent fallback to a table for another width."""
+    tab = trace.meta.costs.get("cpu")
+    if tab is None:
+        return DEFAULT_CPU
+    try:
+        density = tuple(float(d) for d in tab["density"])
+        us = tuple(float(u) for u in tab["us"])
+        cal = CpuCalibration(density, us, int(tab["n_ff"]), int(tab["threads"]),
+                             str(tab.get("source", f"{trace.dir}/meta.json")))
+    except (KeyError, TypeError, ValueError) as e:
+        raise KairoxError(f"bad CPU table (costs.cpu) in {trace.dir}/meta.json: {e!r}") from None
+    if (len(density) < 2 or len(density) != len(us) or list(density) != sorted(density)
+            or cal.n_ff < 1 or cal.threads < 1):
+        raise KairoxError(f"bad CPU table (costs.cpu) in {trace.dir}/meta.json: need two or more "
+                          f"increasing densities with one time each, n_ff and threads >= 1")
+    return cal
+
+
 # ---------------------------------------------------------------------------------------
 # the cost model
 # ---------------------------------------------------------------------------------------
