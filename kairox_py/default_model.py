@@ -78,6 +78,13 @@ def model_path(spec: WheelModel = DEFAULT_MODEL) -> Path:
     return cache_dir() / "models" / spec.filename
 
 
+def converted_path(tag: str, spec: WheelModel = DEFAULT_MODEL) -> Path:
+    """Where `kairox run` keeps its own Kairox conversion of `spec`: next to the model in the
+    cache, named by `tag` (a digest of the conversion's settings), so a conversion made with
+    other settings or an older format is never taken for the current one."""
+    return model_path(spec).with_name(f"{Path(spec.filename).stem}.kx-{tag}.gguf")
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

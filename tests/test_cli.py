@@ -1,5 +1,5 @@
 """The `kairox` command line: (f) bad input gives one `error:` line and no traceback,
-(g) `kairox run` on the default model, (i) `kairox info` on the real model."""
+(g) `kairox run --dense` on the default model, (i) `kairox info` on the real model."""
 from __future__ import annotations
 
 import re
@@ -52,7 +52,9 @@ def test_unknown_command(run_cli) -> None:
 
 
 def test_run_default_model(run_cli, model_path: Path) -> None:
-    proc = run_cli("run", "-p", "The capital of France is", "-n", "8")
+    """The original default model, dense (without --dense a run converts it first:
+    test_first_run.py)."""
+    proc = run_cli("run", "--dense", "-p", "The capital of France is", "-n", "8")
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stdout.strip()

@@ -21,7 +21,7 @@ from gguf import GGUFReader, GGUFWriter
 
 from kairox_py import ContextParams, KairoxError, Model
 from kairox_py import format as fmt
-from kairox_py.offline.convert import ConvertResult, convert
+from kairox_py.offline.convert import ConvertResult, convert, summary_rows
 from kairox_py.offline.corpus import default_corpus
 from kairox_py.offline.profile import Profile
 
@@ -245,14 +245,15 @@ def test_bad_group_size(tmp_path: Path, model_path: Path) -> None:
     assert not (tmp_path / "out.gguf").exists()
 
 
-def test_missing_pymetis_fails_before_profiling(tmp_path: Path, model_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the `grouping` extra, a reordering conversion stops before any profiling."""
+def test_without_pymetis_converts_with_frequency_grouping(tmp_path: Path, model_path: Path,
+                                                          profile: Profile,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain install (no `grouping` extra) converts: every layer keeps the frequency grouping."""
     monkeypatch.setitem(sys.modules, "pymetis", None)  # `import pymetis` raises ImportError
-    with pytest.raises(KairoxError, match="needs pymetis"):
-        convert(model_path, tmp_path / "out.gguf", default_corpus("profile"), OPTS,
-                profile_dir=tmp_path / "profile")
-    assert not (tmp_path / "profile").exists() and not (tmp_path / "out.gguf").exists()
+    res = convert(model_path, tmp_path / "out.gguf", default_corpus("profile"),
+                  replace(OPTS, predictor=False), profile_dir=profile.dir)
+    assert {g.method for g in res.groupings} == {"frequency"}
+    assert "pymetis not installed" in dict(summary_rows(res))["grouping"]
 
 
 def test_missing_output_directory(tmp_path: Path, model_path: Path) -> None:

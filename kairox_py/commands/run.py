@@ -1,20 +1,105 @@
-"""`kairox run`: generate text from a prompt, streamed, then report speed."""
+"""`kairox run`: generate text from a prompt, streamed, then report speed.
+
+Without a MODEL argument it shows what Kairox does: it runs the default model's Kairox
+conversion (made once, on the first such run, and cached next to the default model), then
+times decoding with it and with the original GGUF, dense, and prints both speeds on one line.
+`--dense` (or `--mode dense`) runs the original default model instead, as llama.cpp would.
+"""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
+import os
+import statistics
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .. import _lib
-from ..hybrid import POLICIES, VRAM_AUTO
+from .. import format as fmt
+from ..default_model import DEFAULT_MODEL, converted_path, ensure_model, model_path
+from ..errors import KairoxError
 from ..gguf_info import inspect_gguf
+from ..hybrid import POLICIES, VRAM_AUTO
 from ..llama import MAX_THREADS, Model, SamplingParams, Session, default_threads, has_gpu
+from ..offline.calibrate import measure, write_share
+from ..offline.convert import DEFAULT_SPARSITY, ConvertOptions, convert
+from ..offline.corpus import load_corpus
 from ._common import activation_option, resolve_model, stderr_console
 
 CTX_ROUND = 256  # automatic context sizes are rounded up to this
+COMPARE_STEPS = 32  # decode steps per timed run of the sparse-vs-dense comparison
+COMPARE_ROUNDS = 3  # alternating sparse and dense runs; the medians are compared
+
+
+@dataclass(frozen=True)
+class FirstRunConversion:
+    """How `kairox run` without a model converts the default model, once.
+
+    Threshold mode at the converter's default sparsity is the mode that pays on this model
+    (BENCHMARKS.md: 1.3x dense decode), and it needs neither predictors nor their training, the
+    longest stage of a default conversion. The profile is the default corpus alone, without the
+    model's own sampled text: sampling it runs at decode speed, the slowest part of a
+    conversion on a small or busy machine, and it buys threshold mode little (+2.43% instead of
+    +1.75% perplexity on held-out docs, +1.97% instead of +1.43% on prose; offline/convert.py),
+    where predictor mode needs it. Grouping and the crossover of the sparse down projection
+    are the converter's defaults, the crossover measured on this machine as `kairox convert`
+    does. `kairox convert` with defaults makes the full conversion (predictors, self-text)."""
+
+    options: ConvertOptions = ConvertOptions(sparsity=DEFAULT_SPARSITY, mode="threshold",
+                                             predictor=False, self_text=0)
+    calibrate: bool = True
+
+    def tag(self) -> str:
+        """A digest of everything that shapes the file (not the thread count): the cache key."""
+        opts = dataclasses.replace(self.options, threads=None)
+        key = f"{fmt.FORMAT_VERSION}|{DEFAULT_MODEL.sha256}|{opts!r}|{self.calibrate}"
+        return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+FIRST_RUN = FirstRunConversion()
+
+
+def first_run_model(original: Path, threads: int, console: Console,
+                    conversion: FirstRunConversion | None = None) -> Path:
+    """The default model's cached Kairox conversion, made now if missing.
+
+    It is written inside a temporary directory next to its final place and renamed there only
+    once converted and calibrated, so an interrupted conversion (an error, Ctrl-C) leaves no
+    file that a later run could take for a finished one; the temporary directory goes with it."""
+    conv = conversion or FIRST_RUN
+    dest = converted_path(conv.tag())
+    if dest.is_file():
+        return dest
+    console.print(f"First run: converting {escape(DEFAULT_MODEL.name)} to a Kairox GGUF "
+                  f"({conv.options.mode} mode, {conv.options.sparsity:.0%} sparsity); once, "
+                  f"cached at {escape(str(dest))}")
+    t0 = time.monotonic()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".convert-", dir=dest.parent) as tmp:
+        part = Path(tmp) / dest.name
+        opts = dataclasses.replace(conv.options, threads=threads)
+        res = convert(original, part, load_corpus(None, "profile"), opts, console=console)
+        stages = {k: v for k, v in res.seconds.items() if k != "total"}
+        if conv.calibrate:
+            t = time.monotonic()
+            try:
+                write_share(part, measure(part, threads, mode="auto", console=console).share)
+            except KairoxError as e:  # the model is complete either way: the built-in crossover applies
+                console.print(f"[yellow]note:[/] the sparse down's crossover was not measured ({e})")
+            stages["crossover"] = time.monotonic() - t
+        os.replace(part, dest)
+    console.print(f"[green]converted[/] in {time.monotonic() - t0:.0f} s ("
+                  + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()) + ")")
+    return dest
 
 
 class VramBudget(click.ParamType):
@@ -36,7 +121,7 @@ class VramBudget(click.ParamType):
         return v
 
 
-def _ffn_on_host(path: str, dense: bool, vram_budget: float) -> bool:
+def _ffn_on_host(path: str | os.PathLike[str], dense: bool, vram_budget: float) -> bool:
     """Where a GPU exists, whether to keep the FFN weights in host memory (the rest on the GPU):
     the sparse FFN's row kernels run on the CPU (the hybrid runtime's device half reads its own
     cache), so a Kairox GGUF run sparse needs them there; a dense run keeps upstream's placement."""
@@ -66,7 +151,8 @@ def _ffn_on_host(path: str, dense: bool, vram_budget: float) -> bool:
 @click.option("-b", "--batch-size", type=click.IntRange(min=1), default=512, show_default=True,
               help="Most prompt tokens per decode call.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation.")
-@click.option("--dense", is_flag=True, help="Run the dense FFN even on a Kairox GGUF.")
+@click.option("--dense", is_flag=True, help="Run the dense FFN even on a Kairox GGUF; without MODEL, "
+              "the original default model (no conversion, no comparison).")
 @click.option("--mode", type=click.Choice(list(_lib.KAIROX_MODES)), default="auto", show_default=True,
               help="Sparse FFN mode (auto: the model's own; dense for a plain GGUF).")
 @click.option("--threshold-scale", type=click.FloatRange(0.0, min_open=True), default=1.0,
@@ -102,8 +188,10 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
         ignore_eos: bool, dense: bool, mode: str, threshold_scale: float, vram_budget: float,
         vram_reserve: float, policy: str, lambda_init: float, deterministic: bool, down_dense_share: float | None,
         activation: str, use_mmap: bool, stats: bool, verbose: bool) -> None:
-    """Generate text after PROMPT with MODEL (a GGUF file; default: SmolLM2-135M-Instruct,
-    downloaded on first use). The text streams to stdout; a speed table follows on stderr."""
+    """Generate text after PROMPT with MODEL (a GGUF file). Without MODEL: the default model,
+    SmolLM2-135M-Instruct (downloaded and converted to a Kairox GGUF on first use), with its
+    decode speed against the original's, dense. The text streams to stdout; a speed table
+    follows on stderr."""
     if not prompt.strip():
         raise click.UsageError("prompt is empty")
     if not math.isfinite(temp):
@@ -114,7 +202,19 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
     sampling = SamplingParams(temperature=temp, top_k=top_k, top_p=top_p,
                               seed=None if seed in (None, -1) else seed, ignore_eos=ignore_eos)
     console = stderr_console()
-    path = resolve_model(model, console)
+    if dense and mode not in ("auto", "dense"):
+        raise click.UsageError("--dense and --mode contradict each other")
+    reference: Path | None = None  # the original GGUF, decoded dense for comparison
+    if model is None and not dense and mode != "dense":
+        if vram_budget != 0 or mode == "predictor":
+            raise click.UsageError(
+                "the default model's Kairox conversion runs threshold mode (no predictors); for "
+                "predictor mode or --vram-budget convert it with predictors (kairox convert "
+                f"{model_path()} OUT.gguf) and run OUT.gguf")
+        reference = ensure_model(console=console)
+        path = first_run_model(reference, threads, console)
+    else:
+        path = resolve_model(model, console)
     if verbose:
         _lib.set_verbose(True)
     with Model(path, use_mmap=use_mmap, ffn_on_host=_ffn_on_host(path, dense, vram_budget)) as m:
@@ -134,8 +234,6 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
         if train > 0:
             want = min(want, max(train, len(tokens) + 1))
         ctx_size = n_ctx or -(-want // CTX_ROUND) * CTX_ROUND
-        if dense and mode not in ("auto", "dense"):
-            raise click.UsageError("--dense and --mode contradict each other")
         mode = "dense" if dense else mode
         if vram_budget != 0:
             if mode not in ("auto", "predictor"):
@@ -156,6 +254,39 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
                 console.print(_stats_table(session))
                 if session.hybrid_info() is not None:
                     console.print(_hybrid_table(session))
+            if reference is not None:
+                console.print(_comparison(session, reference, tokens, ctx_size, batch_size, threads,
+                                          use_mmap))
+
+
+def _comparison(session: Session, reference: Path, tokens: list[int], ctx_size: int,
+                batch_size: int, threads: int, use_mmap: bool) -> str:
+    """One line: the sparse session's decode speed against the original GGUF's, dense, on this
+    machine now. Both decode the same prompt and COMPARE_STEPS tokens (greedy, past
+    end-of-generation, not shown), alternating COMPARE_ROUNDS times, and the medians are
+    compared: a single short answer on a busy machine would time noise, not the models."""
+    steps = min(COMPARE_STEPS, session.n_ctx - len(tokens) - 1)
+    if steps < 2:
+        return "no room left in the context to compare decode speed with dense (raise --ctx)"
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True)
+
+    def decode_tps(s: Session) -> float:
+        for _ in s.generate(tokens, steps + 1, greedy):  # the last token is not decoded
+            pass
+        return s.timings().decode_tps
+
+    sparse: list[float] = []
+    dense: list[float] = []
+    with Model(reference, use_mmap=use_mmap) as m, \
+            m.session(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads, mode="dense") as ref:
+        for _ in range(COMPARE_ROUNDS):
+            dense.append(decode_tps(ref))
+            sparse.append(decode_tps(session))
+    sp, de = statistics.median(sparse), statistics.median(dense)
+    if sp <= 0 or de <= 0:
+        return "decode speed could not be compared with dense (nothing decoded)"
+    return (f"sparse {sp:.1f} tok/s vs dense {de:.1f} tok/s ({sp / de:.2f}x; dense: the original "
+            f"{reference.name}; medians of {COMPARE_ROUNDS} alternating decodes of {steps} tokens)")
 
 
 def _warn_ignored(console: Console, kairox_model: bool, hybrid: bool) -> None:
