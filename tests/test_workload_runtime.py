@@ -138,3 +138,27 @@ def test_bad_workloads_are_refused(synth: Path, workload: Trace) -> None:
         with m.session(ContextParams(n_ctx=64, mode="dense")) as s:
             with pytest.raises(KairoxError, match="predictor mode"):
                 s.set_workload(bits)
+
+
+def test_workload_vs_sim_script_agrees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/workload_vs_sim.py end to end on a tiny workload: the runtime's masks equal the
+    workload's and its reload volume and hit rates equal the simulator's replay (both run the
+    same balancer on the same masks, deterministic)."""
+    import importlib.util
+
+    from conftest import REPO
+
+    monkeypatch.setenv("KAIROX_CACHE", str(tmp_path / "cache"))
+    d = tmp_path / "wl"
+    write_workload(resolve("relu-7b", n_layer=2, n_embd=SHAPE.n_embd, n_ff=SHAPE.n_ff, n_seq=2, n_steps=10,
+                           density=0.2, weight_type="q4_0"), d)
+    spec = importlib.util.spec_from_file_location("workload_vs_sim", REPO / "scripts" / "workload_vs_sim.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "out"
+    rc = mod.main([str(d), "--budgets", "0.25,0.75", "--policies", "tam,topk,static", "-t", "1", "--out", str(out)])
+    assert rc == 0
+    rows = (out / "summary.csv").read_text().splitlines()
+    assert len(rows) == 1 + 6
+    assert (out / "speed.csv").is_file()
