@@ -57,25 +57,7 @@ class KnownIssue:
 
 #: open C++ failures found by the fuzzer on the normal build (remove an entry with its fix)
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
-    KnownIssue("llama-vocab.cpp:2544: GGML_ASSERT(id_to_token.size() == token_to_id.size()) failed", None,
-               "two equal strings in tokenizer.ggml.tokens abort in llama_vocab::impl::load"),
-    KnownIssue("llama-vocab.cpp:3422: GGML_ASSERT(tokenizer && \"Tokenizer not initialized.", None,
-               "tokenizer.ggml.model 'no_vocab'/'none': the model loads, llama_tokenize aborts"),
-    KnownIssue("llama-vocab.cpp:3207: fatal error", None,
-               "tokenizer.ggml.model of another type (bert, t5, ugm, ...) over a llama vocabulary: "
-               "GGML_ABORT in token_to_piece/tokenize for a token type it does not expect"),
-    KnownIssue("ops.cpp:4132: GGML_ASSERT(eps >= 0.0f) failed", None,
-               "a negative or NaN llama.attention.layer_norm_rms_epsilon reaches ggml_rms_norm"),
-    KnownIssue("ops.cpp:4026: GGML_ASSERT(eps >= 0.0f) failed", None,
-               "a negative or NaN opt.attention.layer_norm_epsilon reaches ggml_norm"),
-    KnownIssue("ggml-kairox.c:49: GGML_ASSERT(sel->type == GGML_TYPE_F32) failed", None,
-               "kx_pred_down.bias (the selection input of the sparse gate/up op) not F32"),
-    KnownIssue("ggml-kairox.c:58: GGML_ASSERT(ggml_are_same_shape(a, gate) && a->type == gate->type) failed",
-               None, "ffn_up and ffn_gate of different types reach ggml_mul_mat_sparse_glu"),
-    KnownIssue("ggml-kairox.c:202: GGML_ASSERT(thr >= 0.0f) failed", None,
-               "a NaN or negative kairox.threshold reaches ggml_axpy_sparse"),
-    KnownIssue("crash SIGSEGV", r"kx_perm_inv", "kx_perm_inv entries out of [0, n_ff) index the hidden "
-               "state in kx_mask_cols (kairox-ops.cpp:642): out-of-bounds read"),
+    # none open: the library refuses every crash the campaigns found (tests/data/fuzz/fixed-*)
 )
 
 
