@@ -15,6 +15,7 @@ from kairox_py.default_model import DEFAULT_MODEL, ENV_CACHE
 from kairox_py.errors import KairoxError
 from kairox_py.gguf_info import inspect_gguf
 from kairox_py.offline.convert import ConvertOptions
+from kairox_py.outputs import atomic_file
 
 # the shape of the real first-run conversion (threshold mode, no predictors) on a small sample,
 # without grouping (tests/test_grouping_unit.py, test_pipeline.py) or the crossover's timing
@@ -54,7 +55,7 @@ def test_run_without_model_converts_once_and_compares(cache: Path) -> None:
     assert "First run: converting" in first.stderr
     [kx] = conversions(cache)
     assert kx.name == f"{Path(DEFAULT_MODEL.filename).stem}.kx-{FAST.tag()}.gguf"
-    assert not list((cache / "models").glob(".convert-*"))  # no temporary left behind
+    assert not [p for p in (cache / "models").iterdir() if p.name.startswith(".")]  # no temporary left
     assert inspect_gguf(kx).has_kairox_data
     assert first.stdout.strip()
     assert "kairox run (threshold)" in first.stderr  # the sparse answer, in the model's mode
@@ -89,15 +90,16 @@ def test_interrupted_conversion_leaves_nothing(cache: Path, monkeypatch: pytest.
     """A conversion that fails half-way (an error, Ctrl-C) leaves no file a later run could
     take for a finished one."""
     def half_written(_in: Path, out: Path, *_a: object, **_k: object) -> None:
-        Path(out).write_bytes(b"GGUF" + b"\0" * 1024)
-        raise exc
+        with atomic_file(out) as tmp:  # as convert writes it
+            tmp.write_bytes(b"GGUF" + b"\0" * 1024)
+            raise exc
 
     monkeypatch.setattr(run_mod, "convert", half_written)
     with pytest.raises(type(exc)):
         run_mod.first_run_model(cache / "models" / DEFAULT_MODEL.filename, 2,
                                 run_mod.stderr_console())
     assert conversions(cache) == []
-    assert not list((cache / "models").glob(".convert-*"))
+    assert not [p for p in (cache / "models").iterdir() if p.name.startswith(".")]  # no temporary
 
 
 def test_predictor_modes_need_an_explicit_conversion(cache: Path) -> None:

@@ -1,7 +1,13 @@
 """`kairox convert IN.gguf OUT.gguf`: write a Kairox GGUF (thresholds, predictors,
-co-activation grouping); see kairox_py.offline.convert and docs/FORMAT.md."""
+co-activation grouping); see kairox_py.offline.convert and docs/FORMAT.md.
+
+OUT appears only when everything is done: the report and the crossover calibration run on
+the finished temporary file before it is renamed into place, so a conversion stopped at any
+stage (Ctrl-C, SIGTERM, SIGKILL, a full disk) leaves no OUT at all, never one that lacks its
+crossover. The report's files are each replaced by a rename (outputs.atomic_files_into)."""
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
 import click
@@ -21,6 +27,7 @@ from ..offline.convert import (
     PRED_TYPES,
     SELF_TEXT_MAX_PARAMS,
     ConvertOptions,
+    ConvertResult,
     summary_rows,
 )
 from ..offline.convert import (
@@ -32,6 +39,7 @@ from ..offline.predictor import TrainConfig
 from ..offline.profile import DEFAULT_TOKENS
 from ..offline.quant import WRITABLE_TYPES
 from ..offline.report import write_layer_report
+from ..outputs import atomic_files_into, disk_full_error, is_disk_full, pause_point
 from ._common import activation_option, stderr_console
 
 
@@ -102,26 +110,50 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
                           self_text=self_text, activation=activation,
                           profile_match_corpus=_given("corpus"), profile_match_tokens=_given("tokens"))
     text = load_corpus(list(corpus), "profile")
-    res = run_convert(input_path, output_path, text, opts, profile_dir=profile_dir,
-                      console=console)
     out = Path(output_path)
     rdir = Path(report_dir) if report_dir else out.with_name(out.name + ".report")
-    files = write_layer_report(rdir, res.predictors, res.groupings,
-                               f"{out.name}: sparsity {sparsity}, recall {recall}")
+    files: list[Path] = []
+    crossover: list[tuple[str, str]] = []
+
+    def finish(tmp: Path, res: ConvertResult, reports: ExitStack) -> None:
+        """The report (into a temporary directory whose files `reports` moves into place
+        when it closes), then the crossover measured on the complete temporary model."""
+        rdir.parent.mkdir(parents=True, exist_ok=True)
+        rtmp = reports.enter_context(atomic_files_into(rdir))
+        written = write_layer_report(rtmp, res.predictors, res.groupings,
+                                     f"{out.name}: sparsity {sparsity}, recall {recall}")
+        files.extend(rdir / f.name for f in written)
+        pause_point("report")  # test hook (outputs.pause_point): report written, nothing renamed
+        if not calibrate:
+            crossover.append(("next", f"kairox calibrate {out} on each machine that runs it (the "
+                                      "sparse down's crossover)"))
+            return
+        pause_point("crossover")  # test hook: the model is complete under its temporary name
+        try:
+            cal = measure(tmp, threads or default_threads(), mode="auto", console=console)
+            write_share(tmp, cal.share)
+            crossover.append(("down crossover", f"{cal.share:.3f} (kairox.down_dense_share, measured here "
+                                                f"with {cal.threads} threads; on another machine: "
+                                                f"kairox calibrate {out})"))
+        except KairoxError as e:  # the model is complete either way: the built-in crossover applies
+            crossover.append(("down crossover", f"not measured ({e}); built-in per type"))
+
+    try:
+        # the report's files move into place after OUT's rename (when `reports` closes): a
+        # report never describes an OUT that a kill kept from existing
+        with ExitStack() as reports:
+            res = run_convert(input_path, output_path, text, opts, profile_dir=profile_dir,
+                              console=console, before_publish=lambda tmp, r: finish(tmp, r, reports))
+    except OSError as e:  # a full disk outside the GGUF's own write (the report): still one line
+        if is_disk_full(e):
+            raise disk_full_error(e.filename or rdir) from None
+        raise
     table = Table(title="kairox convert", title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column()
     for k, v in summary_rows(res):
         table.add_row(k, v)
     table.add_row("report", ", ".join(str(f) for f in files))
-    if calibrate:
-        try:
-            cal = measure(out, threads or default_threads(), mode="auto", console=console)
-            write_share(out, cal.share)
-            table.add_row("down crossover", f"{cal.share:.3f} (kairox.down_dense_share, measured here with "
-                                            f"{cal.threads} threads; on another machine: kairox calibrate {out})")
-        except KairoxError as e:  # the model is complete either way: the built-in crossover applies
-            table.add_row("down crossover", f"not measured ({e}); built-in per type")
-    else:
-        table.add_row("next", f"kairox calibrate {out} on each machine that runs it (the sparse down's crossover)")
+    for k, v in crossover:
+        table.add_row(k, v)
     console.print(table)

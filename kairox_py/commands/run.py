@@ -11,9 +11,9 @@ import dataclasses
 import hashlib
 import math
 import os
+import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,7 @@ from ..gguf_info import inspect_gguf
 from ..hybrid import POLICIES, VRAM_AUTO
 from ..llama import MAX_THREADS, Model, SamplingParams, Session, default_threads, has_gpu
 from ..offline.calibrate import measure, write_share
-from ..offline.convert import DEFAULT_SPARSITY, ConvertOptions, convert
+from ..offline.convert import DEFAULT_SPARSITY, ConvertOptions, ConvertResult, convert
 from ..offline.corpus import load_corpus
 from ._common import activation_option, resolve_model, stderr_console
 
@@ -72,9 +72,10 @@ def first_run_model(original: Path, threads: int, console: Console,
                     conversion: FirstRunConversion | None = None) -> Path:
     """The default model's cached Kairox conversion, made now if missing.
 
-    It is written inside a temporary directory next to its final place and renamed there only
-    once converted and calibrated, so an interrupted conversion (an error, Ctrl-C) leaves no
-    file that a later run could take for a finished one; the temporary directory goes with it."""
+    It is written to a temporary sibling (``.NAME.tmp-PID``) and renamed into place only once
+    converted and calibrated (convert's before_publish), so an interrupted conversion (an
+    error, Ctrl-C, a kill) leaves no file that a later run could take for a finished one.
+    Ctrl-C removes the temporary; what a kill leaves, the next run removes."""
     conv = conversion or FIRST_RUN
     dest = converted_path(conv.tag())
     if dest.is_file():
@@ -84,22 +85,35 @@ def first_run_model(original: Path, threads: int, console: Console,
                   f"cached at {escape(str(dest))}")
     t0 = time.monotonic()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".convert-", dir=dest.parent) as tmp:
-        part = Path(tmp) / dest.name
-        opts = dataclasses.replace(conv.options, threads=threads)
-        res = convert(original, part, load_corpus(None, "profile"), opts, console=console)
-        stages = {k: v for k, v in res.seconds.items() if k != "total"}
-        if conv.calibrate:
-            t = time.monotonic()
-            try:
-                write_share(part, measure(part, threads, mode="auto", console=console).share)
-            except KairoxError as e:  # the model is complete either way: the built-in crossover applies
-                console.print(f"[yellow]note:[/] the sparse down's crossover was not measured ({e})")
-            stages["crossover"] = time.monotonic() - t
-        os.replace(part, dest)
+    _remove_legacy_temporaries(dest.parent)
+    crossover: dict[str, float] = {}
+
+    def calibrate(part: Path, res: ConvertResult) -> None:
+        if not conv.calibrate:
+            return
+        t = time.monotonic()
+        try:
+            write_share(part, measure(part, threads, mode="auto", console=console).share)
+        except KairoxError as e:  # the model is complete either way: the built-in crossover applies
+            console.print(f"[yellow]note:[/] the sparse down's crossover was not measured ({e})")
+        crossover["crossover"] = time.monotonic() - t
+
+    opts = dataclasses.replace(conv.options, threads=threads)
+    res = convert(original, dest, load_corpus(None, "profile"), opts, console=console,
+                  before_publish=calibrate)
+    stages = {k: v for k, v in res.seconds.items() if k != "total"} | crossover
     console.print(f"[green]converted[/] in {time.monotonic() - t0:.0f} s ("
                   + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()) + ")")
     return dest
+
+
+def _remove_legacy_temporaries(directory: Path) -> None:
+    """Remove the ``.convert-*`` directories that earlier versions converted the default model
+    in (named at random, so the next run could not tell them as stale) and that a kill left:
+    each holds a whole model. The current version names its temporary with its PID instead."""
+    for d in directory.glob(".convert-*"):
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 class VramBudget(click.ParamType):

@@ -6,9 +6,15 @@ calibrate per-layer thresholds for the target sparsity (|act(gate)*up| and, for 
 and, with pymetis, a METIS co-activation partition; grouping.py) and reorder gate/up rows,
 down_t rows and predictor outputs consistently; write the new GGUF.
 
-The output is written to a temporary file in the output's directory and renamed into
-place only when complete (``os.replace``), so an error or Ctrl-C never leaves a partial
-OUT; the temporary file is removed on every failure path. ``ffn_down`` is copied
+The output is written to a temporary file in the output's directory (``.OUT.tmp-PID``) and
+renamed into place only when complete (``os.replace``; `before_publish` runs on the finished
+temporary first, e.g. the CLI's crossover calibration), so an error, Ctrl-C or a kill never
+leaves a partial OUT. The temporary is removed on every failure path Python sees; one a
+SIGKILL leaves is removed by the next conversion to OUT (outputs.remove_stale_temporaries).
+The profile cache is written the same way (profile.run_profile), and a cache entry that
+cannot be read is profiled again rather than failing every later conversion. A full disk is
+refused before profiling where the output cannot fit, and otherwise ends in a one-line error
+naming the path and the space needed. ``ffn_down`` is copied
 untouched (the dense path un-permutes the hidden state with ``kx_perm_inv``), so the
 converted model run dense gives the original logits bit for bit.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +44,16 @@ from rich.console import Console
 from .. import format as fmt
 from .._lib import KAIROX_ACTIVATIONS
 from ..errors import KairoxError
-from ..outputs import atomic_file, check_output_file
+from ..outputs import (
+    atomic_file,
+    check_free_space,
+    check_output_file,
+    disk_full_error,
+    is_disk_full,
+    pause_point,
+    remove_stale_temporaries,
+    temp_sibling,
+)
 from ..progress import make_progress
 from .corpus import Corpus
 from .grouping import (
@@ -226,6 +242,7 @@ def check_output(out: Path, inp_path: Path) -> None:
     if out.is_dir():
         raise KairoxError(f"output is a directory: {out}")
     check_output_file(out)  # writable: found now, not after minutes of profiling and training
+    remove_stale_temporaries(out)  # what killed conversions to OUT left
 
 
 # ---------------------------------------------------------------------------------------
@@ -410,19 +427,65 @@ def kairox_metadata(opts: ConvertOptions, n_layer: int, thresholds: np.ndarray,
     return kv
 
 
+def min_output_bytes(inp: InputModel, opts: ConvertOptions) -> int:
+    """A lower bound of the output's size known before profiling: every input tensor is
+    copied, and each layer adds its down_t and two permutations (predictors and metadata
+    come on top). A disk that cannot hold this much is refused before minutes of work."""
+    qtype = ggml_type(opts.down_type)
+    if qtype == GGMLQuantizationType.F32:
+        row = inp.n_embd * 4
+    elif qtype == GGMLQuantizationType.F16:
+        row = inp.n_embd * 2
+    else:
+        row = row_nbytes(qtype, inp.n_embd)
+    copied = sum(int(t.n_bytes) for t in inp.reader.tensors)
+    return copied + inp.n_layer * inp.n_ff * (row + 8)
+
+
 def write_gguf(reader: GGUFReader, arch: str, out: Path,
                kv: list[tuple[str, Any, GGUFValueType, GGUFValueType | None]],
-               plan: list[NewTensor], console: Console | None, skip_keys: frozenset[str] = frozenset()) -> int:
-    """Write atomically: a temporary file beside `out`, renamed when complete. The metadata is
-    `reader`'s (but `skip_keys`) followed by `kv`."""
-    with atomic_file(out) as tmp:
-        writer = GGUFWriter(tmp, arch)
-        _copy_metadata(reader, writer, skip_keys)
-        for key, val, vtype, sub in kv:
-            writer.add_key_value(key, val, vtype, sub_type=sub)
-        write_tensors(writer, plan, console, endianess=reader.endianess)
-        size = tmp.stat().st_size
+               plan: list[NewTensor], console: Console | None, skip_keys: frozenset[str] = frozenset(),
+               before_publish: Callable[[Path], None] | None = None) -> int:
+    """Write atomically: a temporary file beside `out`, renamed when complete (after
+    `before_publish` has run on it, so what it adds in place is there before anyone can open
+    `out`). The metadata is `reader`'s (but `skip_keys`) followed by `kv`. A full disk is a
+    KairoxError naming `out` and the size, with no file left behind."""
+    needed = sum(t.nbytes for t in plan)
+    check_free_space(out, needed)
+    full = False
+    try:
+        with atomic_file(out) as tmp:
+            writer = GGUFWriter(tmp, arch)
+            try:
+                _copy_metadata(reader, writer, skip_keys)
+                for key, val, vtype, sub in kv:
+                    writer.add_key_value(key, val, vtype, sub_type=sub)
+                write_tensors(writer, plan, console, endianess=reader.endianess)
+            except BaseException as e:
+                _close_quietly(writer)
+                # judged while the temporary still fills the disk (atomic_file removes it next)
+                full = is_disk_full(e, out.parent)
+                raise
+            size = tmp.stat().st_size
+            if before_publish is not None:
+                before_publish(tmp)
+    except OSError:
+        if full:  # reported once the temporary is gone, so the free space shown is the real one
+            raise disk_full_error(out, needed) from None
+        raise
     return size
+
+
+def _close_quietly(writer: GGUFWriter) -> None:
+    """Close a writer that failed: its buffered bytes cannot reach a full disk either, and a
+    second ENOSPC from the close (or later from the garbage collector, as a stray warning)
+    must not hide the first error."""
+    for f in writer.fout or []:
+        try:
+            f.close()
+        except OSError:
+            pass
+    writer.fout = None
 
 
 def write_tensors(writer: GGUFWriter, plan: Sequence[NewTensor], console: Console | None,
@@ -437,13 +500,15 @@ def write_tensors(writer: GGUFWriter, plan: Sequence[NewTensor], console: Consol
     writer.write_ti_data_to_file()
     with make_progress(console) as bar:
         task = bar.add_task(label, total=len(plan))
-        for t in plan:
+        for i, t in enumerate(plan):
             data = t.make()
             if data.shape != t.shape or data.nbytes != t.nbytes:
                 raise KairoxError(f"internal error: tensor {t.name} has shape {data.shape}, "
                                   f"planned {t.shape}")
             writer.write_tensor_data(data, tensor_endianess=endianess)
             bar.advance(task)
+            if i == len(plan) // 2:
+                pause_point("write")  # test hook (outputs.pause_point): half the tensors written
     writer.close()
 
 
@@ -463,14 +528,19 @@ def rewrite_metadata(reader: GGUFReader, path: Path,
 # ---------------------------------------------------------------------------------------
 def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], corpus: Corpus,
             opts: ConvertOptions, *, profile_dir: str | os.PathLike[str] | None = None,
-            console: Console | None = None) -> ConvertResult:
-    """Convert `in_path` into a Kairox GGUF at `out_path` (see the module docstring)."""
+            console: Console | None = None,
+            before_publish: Callable[[Path, ConvertResult], None] | None = None) -> ConvertResult:
+    """Convert `in_path` into a Kairox GGUF at `out_path` (see the module docstring).
+    before_publish(tmp, result) runs on the complete temporary file before it is renamed to
+    `out_path`: work that finishes the file (the crossover calibration) or belongs with it
+    (the report) is then part of the conversion, and a kill during it leaves no OUT."""
     in_p, out_p = Path(in_path), Path(out_path)
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
     inp = open_input(in_p)
     check_options(opts, inp)
     check_output(out_p, in_p)
+    check_free_space(out_p, min_output_bytes(inp, opts))
     model_sha = None if profile_dir else file_sha256(in_p)  # keys the cached profile (and self-text)
     n_self = opts.self_text if opts.self_text is not None else default_self_text(inp)
     if n_self and not (profile_dir and Path(profile_dir).exists()):
@@ -482,6 +552,8 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     pdir = (Path(profile_dir) if model_sha is None
             else default_profile_dir(model_sha, corpus, opts.tokens, opts.ctx, opts.activation))
     pdir.parent.mkdir(parents=True, exist_ok=True)
+    if model_sha is not None:
+        _drop_unreadable_cache_entry(pdir, console)
     prof, reused = open_or_run_profile(in_p, corpus, pdir, n_tokens=opts.tokens, ctx=opts.ctx,
                                        threads=opts.threads, console=console,
                                        match_corpus=opts.profile_match_corpus,
@@ -507,6 +579,7 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     seconds["calibrate"] = time.monotonic() - t
 
     predictors: list[LayerPredictor | None] = [None] * n_layer
+    pause_point("predictors")  # test hook (outputs.pause_point): the profile is complete
     if opts.predictor:
         t = time.monotonic()
         with make_progress(console) as bar:
@@ -535,12 +608,37 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     override = None if opts.activation == "model" else opts.activation
     kv = kairox_metadata(opts, n_layer, thr, cats, predictors, override)
     plan = plan_tensors(inp, opts, groupings, predictors)
-    size = write_gguf(inp.reader, inp.arch, out_p, kv, plan, console,
-                      frozenset({fmt.KEY_ACTIVATION}) if override else frozenset())
-    seconds["write"] = time.monotonic() - t
+    res = ConvertResult(out_p, pdir, reused, thr, cats, predictors, groupings, seconds,
+                        in_p.stat().st_size, 0, opts.mode)
+
+    def finish(tmp: Path) -> None:
+        res.output_bytes = tmp.stat().st_size
+        seconds["write"] = time.monotonic() - t
+        if before_publish is not None:
+            before_publish(tmp, res)
+
+    write_gguf(inp.reader, inp.arch, out_p, kv, plan, console,
+               frozenset({fmt.KEY_ACTIVATION}) if override else frozenset(), before_publish=finish)
     seconds["total"] = time.monotonic() - t0
-    return ConvertResult(out_p, pdir, reused, thr, cats, predictors, groupings, seconds,
-                         in_p.stat().st_size, size, opts.mode)
+    return res
+
+
+def _drop_unreadable_cache_entry(pdir: Path, console: Console | None) -> None:
+    """Remove a cached profile that cannot be opened, so that it is profiled again: the cache
+    is ours to rebuild, and one damaged entry (written by an older version that replaced
+    profiles in place, or damaged on the disk) must not fail every later conversion. A
+    --profile directory the user named is never removed: its errors are reported."""
+    if not pdir.exists():
+        return
+    try:
+        Profile(pdir)
+    except KairoxError as e:
+        if console is not None:
+            console.print(f"[yellow]note:[/] the cached profile cannot be read ({e}); profiling again")
+        aside = temp_sibling(pdir, ".old")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(pdir, aside)  # out of the way at once; its files go next
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def grouping_rows(groupings: Sequence[LayerGrouping]) -> list[tuple[str, str]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from rich.console import Console
 from ..errors import KairoxError
 from ..format import SUPPORTED_ARCHES, activation_kind, ffn_input_kind
 from ..llama import ContextParams, Model, Profiler
-from ..outputs import check_output_dir
+from ..outputs import atomic_dir, check_free_space, check_output_dir, disk_full_error, is_disk_full, pause_point
 from ..progress import make_progress
 from .corpus import Corpus
 
@@ -216,35 +215,50 @@ def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str
             ctx = min(ctx, model.n_ctx_train)
         chunks = pick_chunks(tokenize_chunks(model, corpus.text, ctx), n_tokens)
         total = min(n_tokens, sum(len(c) for c in chunks))
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        needed = 2 * n_layer * total * (n_embd + n_ff)  # the two float16 arrays
+        check_free_space(out, needed)
         try:
-            inputs = np.lib.format.open_memmap(tmp / "inputs.npy", mode="w+", dtype=np.float16,
-                                               shape=(n_layer, total, n_embd))
-            hidden = np.lib.format.open_memmap(tmp / "hidden.npy", mode="w+", dtype=np.float16,
-                                               shape=(n_layer, total, n_ff))
-            _capture(model, chunks, inputs, hidden, total, ctx, threads, console, activation)
-            inputs.flush()
-            hidden.flush()
-            del inputs, hidden
-            meta = ProfileMeta(
-                version=PROFILE_VERSION, model_path=str(model_path.resolve()),
-                model_sha256=file_sha256(model_path), arch=arch,
-                activation=activation_kind(arch, activation if activation != "model"
-                                           else model.metadata.get("kairox.activation")),
-                n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_tokens=total, ctx=ctx,
-                corpus=corpus.description,
-                corpus_sha256=hashlib.sha256(corpus.text.encode()).hexdigest(),
-                seconds=round(time.monotonic() - t0, 2), tokens_requested=n_tokens)
-            (tmp / "meta.json").write_text(meta.to_json())
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            with atomic_dir(out) as tmp:
+                inputs = _open_array(tmp / "inputs.npy", (n_layer, total, n_embd))
+                hidden = _open_array(tmp / "hidden.npy", (n_layer, total, n_ff))
+                _capture(model, chunks, inputs, hidden, total, ctx, threads, console, activation)
+                inputs.flush()
+                hidden.flush()
+                del inputs, hidden
+                meta = ProfileMeta(
+                    version=PROFILE_VERSION, model_path=str(model_path.resolve()),
+                    model_sha256=file_sha256(model_path), arch=arch,
+                    activation=activation_kind(arch, activation if activation != "model"
+                                               else model.metadata.get("kairox.activation")),
+                    n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_tokens=total, ctx=ctx,
+                    corpus=corpus.description,
+                    corpus_sha256=hashlib.sha256(corpus.text.encode()).hexdigest(),
+                    seconds=round(time.monotonic() - t0, 2), tokens_requested=n_tokens)
+                # meta.json last: a directory with it is complete (and only renamed into place then)
+                (tmp / "meta.json").write_text(meta.to_json())
+        except OSError as e:
+            if is_disk_full(e):
+                raise disk_full_error(out, needed) from None
             raise
     return Profile(out)
+
+
+def _open_array(path: Path, shape: tuple[int, ...]) -> np.memmap:
+    """A float16 .npy memory-mapped for writing, its blocks reserved on the disk first: a full
+    disk then fails here with ENOSPC (an error naming the profile), not later with SIGBUS
+    from a page of the map that the file system cannot back (which kills the process)."""
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=shape)
+    if hasattr(os, "posix_fallocate"):
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        except OSError as e:
+            if is_disk_full(e):
+                raise
+            # a file system without fallocate: the writes themselves find out
+        finally:
+            os.close(fd)
+    return arr
 
 
 def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: np.ndarray,
@@ -275,6 +289,7 @@ def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: 
                 hidden[layer, pos:pos + take] = np.clip(h[:take], -F16_MAX, F16_MAX)
             pos += take
             bar.update(task, completed=pos)
+            pause_point("profile")  # test hook (outputs.pause_point): part of the arrays written
 
 
 def default_profile_dir(model_sha256: str, corpus: Corpus, n_tokens: int, ctx: int,
