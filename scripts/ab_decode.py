@@ -30,19 +30,29 @@ def main() -> None:
     ap.add_argument("-p", "--prompt", default="The history of the printing press begins")
     ap.add_argument("--deterministic", action="store_true",
                     help="also time the sparse mode with deterministic=True (the down summed in double)")
+    ap.add_argument("--original", metavar="GGUF",
+                    help="the original GGUF the model was converted from: timed dense through upstream's "
+                         "kernels in the same rounds, and the baseline of the ratios (else the converted "
+                         "file's own dense mode, which is not a speedup baseline)")
     args = ap.parse_args()
     sp = SamplingParams(temperature=0, ignore_eos=True)
     runs: dict[str, dict[str, object]] = {"dense": {"mode": "dense"}, args.mode: {"mode": args.mode}}
     if args.deterministic:
         runs[args.mode + "-deterministic"] = {"mode": args.mode, "deterministic": True}
     tps: dict[str, list[float]] = {k: [] for k in runs}
-    with Model(args.model) as m:
+    if args.original:
+        tps = {"original": [], **tps}
+    with Model(args.model) as m, (Model(args.original) if args.original else Model(args.model)) as orig:
         for _ in range(args.reps):
+            if args.original:
+                with orig.session(n_ctx=512, n_threads=args.threads) as s:
+                    list(s.generate(args.prompt, args.n, sp))
+                    tps["original"].append(s.timings().decode_tps)
             for name, kw in runs.items():
                 with m.session(n_ctx=512, n_threads=args.threads, **kw) as s:
                     list(s.generate(args.prompt, args.n, sp))
                     tps[name].append(s.timings().decode_tps)
-    d = statistics.median(tps["dense"])
+    d = statistics.median(tps["original" if args.original else "dense"])
     print("  ".join(f"{k} {statistics.median(v):.1f} tok/s ({statistics.median(v) / d:.3f}x)"
                     for k, v in tps.items()))
 
