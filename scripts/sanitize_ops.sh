@@ -14,6 +14,8 @@ if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
 fi
 cd "$(dirname "$0")/.."
 build=${1:-build/sanitize}
+# pip's isolated build brings its own CMake; a fresh virtualenv may have none on PATH
+command -v cmake >/dev/null || python3 -m pip install -q cmake ninja
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKAIROX_SANITIZE=ON \
