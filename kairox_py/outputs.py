@@ -181,22 +181,30 @@ def _replace_dir(tmp: Path, out: Path) -> None:
 
 
 @contextmanager
-def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """A fresh temporary sibling directory to fill in place of `path`: it replaces `path` (an
-    earlier one is removed) when the block ends normally, and is removed on any error or
-    interruption, so a half-written directory never takes the place of `path`. Temporaries
-    of `path` that killed runs left are removed first."""
-    out = Path(path)
+def _scratch_dir(out: Path) -> Iterator[Path]:
+    """This process's fresh temporary directory for `out` (killed runs' ones removed first),
+    removed if the block raises: the shared part of atomic_dir and atomic_files_into."""
     remove_stale_temporaries(out)
     tmp = temp_sibling(out)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
-        _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A fresh temporary sibling directory to fill in place of `path`: it replaces `path` (an
+    earlier one is removed) when the block ends normally, and is removed on any error or
+    interruption, so a half-written directory never takes the place of `path`. Temporaries
+    of `path` that killed runs left are removed first."""
+    out = Path(path)
+    with _scratch_dir(out) as tmp:
+        yield tmp
+        _replace_dir(tmp, out)
 
 
 @contextmanager
@@ -206,19 +214,12 @@ def atomic_files_into(directory: str | os.PathLike[str]) -> Iterator[Path]:
     there is then a whole old or a whole new one, never a half-written one. Removed on any
     error or interruption; killed runs' temporaries are removed first."""
     out = Path(directory)
-    remove_stale_temporaries(out)
-    tmp = temp_sibling(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with _scratch_dir(out) as tmp:
         yield tmp
         out.mkdir(exist_ok=True)
         for f in sorted(tmp.iterdir()):
             os.replace(f, out / f.name)
         tmp.rmdir()
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _mb(n: int) -> str:
