@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,9 +43,9 @@ def main() -> None:
     tps: dict[str, list[float]] = {k: [] for k in runs}
     if args.original:
         tps = {"original": [], **tps}
-    with Model(args.model) as m, (Model(args.original) if args.original else Model(args.model)) as orig:
+    with Model(args.model) as m, (Model(args.original) if args.original else nullcontext()) as orig:
         for _ in range(args.reps):
-            if args.original:
+            if orig is not None:
                 with orig.session(n_ctx=512, n_threads=args.threads) as s:
                     list(s.generate(args.prompt, args.n, sp))
                     tps["original"].append(s.timings().decode_tps)

@@ -431,13 +431,7 @@ def min_output_bytes(inp: InputModel, opts: ConvertOptions) -> int:
     """A lower bound of the output's size known before profiling: every input tensor is
     copied, and each layer adds its down_t and two permutations (predictors and metadata
     come on top). A disk that cannot hold this much is refused before minutes of work."""
-    qtype = ggml_type(opts.down_type)
-    if qtype == GGMLQuantizationType.F32:
-        row = inp.n_embd * 4
-    elif qtype == GGMLQuantizationType.F16:
-        row = inp.n_embd * 2
-    else:
-        row = row_nbytes(qtype, inp.n_embd)
+    row = row_nbytes(ggml_type(opts.down_type), inp.n_embd)
     copied = sum(int(t.n_bytes) for t in inp.reader.tensors)
     return copied + inp.n_layer * inp.n_ff * (row + 8)
 
