@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, pred_threshold_for, write_synthetic_llama
+from gguf import GGUFReader
+
+from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, pred_threshold_for, set_group_freq
+from kairox_py.benchmark.synthetic import write_original, write_synthetic_llama
+from kairox_py.errors import KairoxError
 from kairox_py.llama import ContextParams, Model
 
 
@@ -55,3 +62,60 @@ def test_static_scores_hybrid_equals_cpu(tmp_path: Path) -> None:
         assert toks == cpu, budget
         if budget < 1.0:  # some active neurons on each side of the split
             assert any(0 < dev < act for act, dev in split), split
+
+
+def test_original_is_the_kairox_file_without_its_data(tmp_path: Path) -> None:
+    """The head-to-head's llama.cpp rows run the same weights as Kairox's: every tensor and key
+    of the original, byte for byte, and nothing of the Kairox format."""
+    kx = write_synthetic_llama(tmp_path / "kx.gguf", SHAPES["tiny"], "q4_0", SparseSpec(0), group_size=32,
+                               group_freq=np.full((4, 768 // 32), 0.5, np.float32))
+    orig = write_original(kx, tmp_path / "orig.gguf")
+    plain = write_synthetic_llama(tmp_path / "plain.gguf", SHAPES["tiny"], "q4_0", None)
+    r_kx, r_orig = GGUFReader(kx), GGUFReader(orig)
+    names = [t.name for t in r_orig.tensors]
+    assert names == [t.name for t in GGUFReader(plain).tensors]
+    by_name = {t.name: t for t in r_kx.tensors}
+    for t in r_orig.tensors:
+        assert t.tensor_type == by_name[t.name].tensor_type
+        assert np.array_equal(np.asarray(t.data), np.asarray(by_name[t.name].data)), t.name
+    assert not [k for k in r_orig.fields if k.startswith("kairox.")]
+    with Model(orig) as m, m.session(ContextParams(n_ctx=64)) as s:  # a plain llama model: loads and decodes
+        s.decode(m.tokenize("one two"))
+        assert np.isfinite(s.logits()).all()
+    with pytest.raises(KairoxError, match="not a synthetic Kairox model"):
+        write_original(orig, tmp_path / "again.gguf")
+    assert not (tmp_path / "again.gguf").exists()
+
+
+def test_group_freq_rewritten_in_place(tmp_path: Path) -> None:
+    kx = write_synthetic_llama(tmp_path / "kx.gguf", SHAPES["tiny"], "q4_0", SparseSpec(0), group_size=32,
+                               group_freq=np.zeros((4, 24), np.float32))
+    size = kx.stat().st_size
+    freq = np.random.default_rng(1).random((4, 24)).astype(np.float32)
+    set_group_freq(kx, freq)
+    assert kx.stat().st_size == size
+    got = {t.name: np.asarray(t.data).reshape(-1) for t in GGUFReader(kx).tensors if t.name.endswith("kx_group_freq")}
+    for i in range(4):
+        assert np.array_equal(got[f"blk.{i}.kx_group_freq"], freq[i])
+    with pytest.raises(KairoxError):
+        set_group_freq(kx, freq[:3])
+    with pytest.raises(KairoxError):
+        set_group_freq(kx, freq[:, :10])
+
+
+def test_h2h_script_tiny(tmp_path: Path) -> None:
+    """scripts/hybrid_h2h.py end to end at a tiny shape (no GPU here: Kairox rows on the stand-in)."""
+    root = Path(__file__).resolve().parent.parent
+    p = subprocess.run([sys.executable, str(root / "scripts" / "hybrid_h2h.py"), "--shape", "tiny", "--runs", "1",
+                        "--workloads", "fixed,relu-7b", "--steps", "8", "-n", "4", "-t", "2", "--budgets", "0.75",
+                        "--policies", "static,tam", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = (tmp_path / "h2h.csv").read_text().splitlines()
+    assert rows[0].startswith("workload,budget,engine,config,tok_s")
+    got = {(r.split(",")[0], r.split(",")[1], r.split(",")[3]) for r in rows[1:]}
+    for w in ("fixed", "relu-7b"):
+        assert {(w, "-", "CPU-only sparse"), (w, "75%", "hybrid static"), (w, "75%", "hybrid tam"),
+                (w, "fit", "hybrid tam")} <= got, got
+    for r in rows[1:]:
+        assert float(r.split(",")[4]) > 0, r
+    assert (tmp_path / "h2h.md").is_file() and (tmp_path / "h2h.png").is_file()

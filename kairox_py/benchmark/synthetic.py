@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFWriter
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from .. import format as fmt
 from ..errors import KairoxError
@@ -342,3 +342,55 @@ def _normal_ppf(p: float) -> float:
         else:
             hi = x
     return x
+
+
+def _kairox_tensor(name: str) -> bool:
+    """A tensor a Kairox file adds to its original (down_t, predictors, permutations, group tables)."""
+    return name.split(".")[2].startswith(("ffn_down_t", "kx_")) if name.startswith("blk.") else False
+
+
+def write_original(kairox_path: str | os.PathLike[str], out_path: str | os.PathLike[str]) -> Path:
+    """Write the original GGUF of a synthetic Kairox model, atomically: every key outside
+    `kairox.` and every tensor the Kairox format does not add, byte for byte.
+
+    A head-to-head needs llama.cpp to run the very weights Kairox runs, as a plain model of
+    that architecture (upstream's kernels, its repacked layouts, its `-ngl` offload), not the
+    Kairox file's dense mode."""
+    src = Path(kairox_path)
+    r = GGUFReader(src)
+    if fmt.KEY_SYNTHETIC not in r.fields:
+        raise KairoxError(f"{src} is not a synthetic Kairox model")
+    arch = str(r.fields["general.architecture"].contents())
+    with atomic_file(Path(out_path)) as tmp:
+        w = GGUFWriter(tmp, arch)
+        for f in r.fields.values():
+            if f.name.startswith(("GGUF.", "kairox.")) or f.name in ("general.architecture", "general.description"):
+                continue
+            vtype = f.types[0]
+            sub = f.types[-1] if vtype == GGUFValueType.ARRAY else None
+            w.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
+        for t in r.tensors:
+            if not _kairox_tensor(t.name):
+                w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    return Path(out_path)
+
+
+def set_group_freq(path: str | os.PathLike[str], group_freq: np.ndarray) -> None:
+    """Overwrite, in place, the profiled group frequencies of a synthetic model written with
+    group_freq (same shape): one model file serves several workloads, each placed by its own
+    frequencies when the model is next loaded."""
+    r = GGUFReader(Path(path), "r+")
+    freq = np.asarray(group_freq, dtype=np.float32)
+    tables = {t.name: t for t in r.tensors if t.name.endswith(".kx_group_freq")}
+    if freq.ndim != 2 or len(tables) != freq.shape[0]:
+        raise KairoxError(f"{path} has group frequencies for {len(tables)} layers, got shape {freq.shape}")
+    for i in range(freq.shape[0]):
+        t = tables.get(fmt.TENSOR_GROUP_FREQ % i)
+        if t is None or t.data.size != freq[i].size:
+            raise KairoxError(f"{path} has no group frequencies of {freq.shape[1]} groups for layer {i}")
+        t.data.reshape(-1)[:] = freq[i]
+    r.data.flush()

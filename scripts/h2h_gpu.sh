@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The head-to-head on a GPU machine that cannot build or fetch anything (the device tool's
+# machines): stage here what it needs, then run it there in one call that writes every result
+# to its output folder.
+#
+#   scripts/h2h_gpu.sh --stage DIR [CUDA_ROOT]
+#       on this machine: build libkairox with the whole CUDA backend (build/cuda-full, sm_90;
+#       ~30 min on 2 cores the first time), llama-bench and test-kairox-hybrid of the same build,
+#       and put them in DIR (the library xz-compressed) with the gguf wheel kairox_py needs.
+#       CUDA_ROOT: a toolkit root that has cuBLAS (README)
+#   scripts/h2h_gpu.sh --run DIR OUT [hybrid_h2h.py options]
+#       on the GPU machine, from the repository root: the hybrid runtime against the CPU-only
+#       path on the GPU (test-kairox-hybrid compare, a small synthetic model with a predictor),
+#       then scripts/hybrid_h2h.py (7B shapes, 8 threads) into OUT: env.txt, compare.log,
+#       h2h.csv, h2h.md, h2h.png, h2h.log
+set -euo pipefail
+
+case "${1:-}" in
+    --stage)
+        cd "$(dirname "$0")/.."
+        dir=$2
+        root=()
+        [ -n "${3:-}" ] && root=(-DCUDAToolkit_ROOT="$3")
+        B=build/cuda-full
+        cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKAIROX_TOOLS=ON -DKAIROX_TESTS=ON \
+              -DKAIROX_CUDA=ON -DKAIROX_CUDA_KERNELS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
+              -DGGML_FMA=ON -DGGML_F16C=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF "${root[@]}" \
+              > "$B.configure.log" 2>&1 || { tail -30 "$B.configure.log"; exit 1; }
+        cmake --build "$B" --target kairox llama-bench test-kairox-hybrid -j "$(nproc)"
+        mkdir -p "$dir/bin"
+        strip -o "$dir/libkairox.so" "$B/libkairox.so"
+        xz -f -T0 "$dir/libkairox.so"
+        for exe in llama-bench test-kairox-hybrid; do
+            strip -o "$dir/bin/$exe" "$B/bin/$exe"
+        done
+        # the build's other shared libraries (llama-bench's common code may link them)
+        for so in $(ldd "$B/bin/llama-bench" "$B/bin/test-kairox-hybrid" | awk '/=> \/.*build\/cuda-full/ { print $3 }' | sort -u); do
+            [ "$(basename "$so")" = libkairox.so ] || strip -o "$dir/$(basename "$so")" "$so"
+        done
+        gomp=$(ldd "$B/libkairox.so" | awk '/libgomp/ { print $3 }')
+        [ -n "$gomp" ] && cp -L "$gomp" "$dir/"
+        mkdir -p "$dir/whl"
+        python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+            --platform any -d "$dir/whl" "gguf==$(python3 -c 'import importlib.metadata as m; print(m.version("gguf"))')"
+        git rev-parse --short HEAD > "$dir/COMMIT"
+        echo "staged in $dir ($(du -sh "$dir" | cut -f1))"
+        ;;
+    --run)
+        dir=$(cd "$2" && pwd)
+        out=$3
+        shift 3
+        mkdir -p "$out"
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/kx-site "$dir"/whl/*.whl
+        export PYTHONPATH=/tmp/kx-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+        work=$(mktemp -d)
+        xz -dc "$dir/libkairox.so.xz" > "$work/libkairox.so"
+        mkdir -p "$work/bin"
+        cp "$dir"/bin/* "$work/bin/"
+        cp "$dir"/*.so* "$work/" 2>/dev/null || true
+        rm -f "$work/libkairox.so.xz"
+        # cuBLAS and the CUDA runtime from the machine's Python packages
+        libs=$(python3 -c 'import glob, site; print(":".join(d for p in site.getsitepackages() for d in glob.glob(p + "/nvidia/cu*/lib")))')
+        export LD_LIBRARY_PATH="$work:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        export KAIROX_LIB=$work/libkairox.so
+        {
+            echo "date: $(date -u +%FT%TZ)  commit: $(cat "$dir/COMMIT")"
+            nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+            grep -m1 "model name" /proc/cpuinfo
+            echo "cores: $(nproc)"
+        } | tee "$out/env.txt"
+        # correctness first: the hybrid runtime on the GPU against the CPU-only sparse path
+        python3 - "$work/compare.gguf" <<'EOF'
+import sys
+from dataclasses import replace
+from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, write_synthetic_llama
+write_synthetic_llama(sys.argv[1], replace(SHAPES["7b"], n_layer=4), "q4_0", SparseSpec(pred_rank=64), group_size=32)
+EOF
+        timeout 150 "$work/bin/test-kairox-hybrid" "$work/compare.gguf" compare 16 --dense-on-device \
+            > "$out/compare.log" 2>&1 || echo "compare: exit $?"
+        tail -3 "$out/compare.log"
+        rm -f "$work/compare.gguf"
+        set -o pipefail
+        python3 scripts/hybrid_h2h.py --llama-bench "$work/bin/llama-bench" --models "$work" --out "$out" "$@" \
+            2>&1 | tee "$out/h2h.log"
+        ;;
+    *)
+        sed -n '2,16p' "$0"
+        exit 2
+        ;;
+esac
