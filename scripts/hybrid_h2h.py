@@ -250,7 +250,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="7b", choices=sorted(SHAPES))
     ap.add_argument("--layers", type=int, default=0, help="this many layers (0: the shape's)")
-    ap.add_argument("--workloads", default="fixed,random,relu-7b,silu-7b")
+    ap.add_argument("--workloads", default="relu-7b,silu-7b,fixed,random")
     ap.add_argument("--density", type=float, default=0.1, help="fixed and random workloads: share of neurons selected")
     ap.add_argument("--budgets", default="0.5,0.75", help="VRAM budgets as shares of the original's bytes")
     ap.add_argument("--policies", default="static,eager,tam-t,tam")
