@@ -160,10 +160,14 @@ def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits:
         st: dict[str, float] = {}
         hs = s.hybrid_stats() if s.hybrid_info() is not None else []
         if hs:
-            active = sum(x.active for x in hs)
+            # a layer whose every group is resident runs on the device with no plan step (no counts):
+            # its hit rate is 1 by construction
+            planned = [x for x in hs if x.steps > 0]
+            active = sum(x.active for x in planned)
+            full = all(x.n_slots == x.n_groups for x in hs if x.steps == 0)
             steps = max(1, max(x.steps for x in hs))
             st = {
-                "hit_rate": sum(x.active_dev for x in hs) / active if active else float("nan"),
+                "hit_rate": sum(x.active_dev for x in planned) / active if active else 1.0 if full else float("nan"),
                 "reload_mb_per_tok": sum(x.bytes_reloaded for x in hs) / 1e6 / steps,
                 "cpu_us_per_layer": sum(x.t_cpu_us for x in hs) / max(1, sum(x.steps for x in hs)),
                 "io_bound_share": sum(x.io_bound_steps for x in hs) / max(1, sum(x.steps for x in hs)),
