@@ -78,6 +78,12 @@ def has_gpu() -> bool:
                for i in range(_lib.ggml_backend_dev_count()))
 
 
+# The FFN matrices the hybrid placement keeps in host memory (ffn_up, ffn_gate, ffn_down and
+# the sparse path's ffn_down_t), as a tensor-override regex: not ffn_norm, whose one multiply
+# would otherwise cost each layer a device-to-host round trip
+FFN_WEIGHTS = "ffn_(up|gate|down)"
+
+
 class Model:
     """A loaded GGUF model (llama_model) plus its vocabulary.
 
@@ -100,7 +106,7 @@ class Model:
         self._overrides = None  # kept alive while the model loads
         if ffn_on_host and has_gpu():
             arr = (_lib.llama_model_tensor_buft_override * 2)()
-            arr[0].pattern = b"ffn_"
+            arr[0].pattern = FFN_WEIGHTS.encode()
             arr[0].buft = _lib.ggml_backend_cpu_buffer_type()
             self._overrides = arr
             params.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)

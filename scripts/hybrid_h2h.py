@@ -7,8 +7,9 @@ written as a Kairox GGUF, and its original (the same tensors without the Kairox 
 derived from it. A VRAM budget is a share of the original's bytes. Rows, per budget:
 
 - llama.cpp (llama-bench of this build, the original GGUF): the largest `-ngl N` whose layers
-  fit the budget; `-ngl 99 -ot ffn_=CPU` (attention on the GPU, FFN on the CPU) where its
-  dense part fits; and every layer on the GPU (the everything-fits reference).
+  fit the budget; `-ngl 99 -ot "ffn_(up|gate|down)=CPU"` (attention and norms on the GPU, FFN
+  weights on the CPU) where its dense part fits; and every layer on the GPU (the
+  everything-fits reference).
 - Kairox, its attention on the GPU and its FFN sparse: CPU-only (no cache), then the hybrid
   runtime with the cache the budget leaves after the dense part, for each balancer policy
   (static = PowerInfer's offline placement, eager, TAM with fixed lambda, TAM adaptive), and
@@ -51,7 +52,7 @@ from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, set_group_freq  # 
 from kairox_py.benchmark.synthetic import write_original, write_synthetic_llama  # noqa: E402
 from kairox_py._lib import find_library  # noqa: E402
 from kairox_py.errors import KairoxError  # noqa: E402
-from kairox_py.llama import ContextParams, Model, has_gpu  # noqa: E402
+from kairox_py.llama import FFN_WEIGHTS, ContextParams, Model, has_gpu  # noqa: E402
 from kairox_py.sim.traces import pack  # noqa: E402
 from kairox_py.workload.model import PRESETS as WORKLOAD_PRESETS  # noqa: E402
 from kairox_py.workload.model import resolve  # noqa: E402
@@ -329,7 +330,8 @@ def main() -> int:
             n = L + 1 if b == float("inf") else best_ngl(vram, L, per_layer, out_bytes)
             configs.append((f"-ngl {n}", ["-ngl", str(n)], n * per_layer + (out_bytes if n > L else 0)))
             if b != float("inf") and attn_bytes <= vram:
-                configs.append(("-ngl 99 -ot ffn_=CPU", ["-ngl", "99", "-ot", "ffn_=CPU"], attn_bytes))
+                configs.append((f"-ngl 99 -ot {FFN_WEIGHTS}=CPU", ["-ngl", "99", "-ot", f"{FFN_WEIGHTS}=CPU"],
+                                attn_bytes))
             for name, args, used in configs:
                 if late():
                     break

@@ -5,7 +5,7 @@ build, same model, same threads, one process: the numbers for issue 7 on a machi
 The model is loaded once with the hybrid placement (with a GPU: every layer on it except the FFN
 weights, which stay in host memory; without one: everything on the CPU, the device being the CPU
 stand-in). Then, alternating configurations run after run: the dense FFN (on the host, as
-upstream with `-ot ffn_=CPU`), the CPU-only sparse FFN, and the hybrid runtime with its cache
+upstream with `-ot "ffn_(up|gate|down)=CPU"`), the CPU-only sparse FFN, and the hybrid runtime with its cache
 sized to each share of the FFN groups. Each configuration's decode tok/s is the median of its
 runs (a short prompt, then --n-predict greedy tokens).
 

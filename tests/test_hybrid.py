@@ -378,3 +378,17 @@ def test_gguf_truncate_keeps_a_working_kairox_model(kx_model: Path, tmp_path: Pa
         subprocess.run([sys.executable, str(repo / "scripts" / "gguf_truncate.py"), str(kx_model),
                         str(tmp_path / "bad.gguf"), "--layers", "999"], check=True, capture_output=True)
     assert not (tmp_path / "bad.gguf").exists()
+
+
+def test_ffn_placement_pattern_spares_the_norm() -> None:
+    """The hybrid placement keeps the FFN matrices in host memory and nothing else: ffn_norm on
+    the host would send every layer's activations to the CPU and back for one multiply."""
+    import re
+
+    from kairox_py.llama import FFN_WEIGHTS
+
+    pat = re.compile(FFN_WEIGHTS)
+    for name in ("blk.0.ffn_up.weight", "blk.3.ffn_gate.weight", "blk.12.ffn_down.weight", "blk.1.ffn_down_t.weight"):
+        assert pat.search(name), name
+    for name in ("blk.0.ffn_norm.weight", "blk.0.attn_q.weight", "blk.0.kx_pred_up.weight", "output.weight"):
+        assert not pat.search(name), name
