@@ -392,3 +392,40 @@ def test_ffn_placement_pattern_spares_the_norm() -> None:
         assert pat.search(name), name
     for name in ("blk.0.ffn_norm.weight", "blk.0.attn_q.weight", "blk.0.kx_pred_up.weight", "output.weight"):
         assert not pat.search(name), name
+
+
+def test_fully_resident_layer_runs_without_plan(tmp_path: Path) -> None:
+    """A layer whose every group is cached has nothing to balance and nothing for the CPU: its FFN
+    runs from the cache alone (no plan node, no CPU half) and gives the CPU-only path's tokens;
+    with a partial cache the plan node runs once per layer and token."""
+    from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, pred_threshold_for, write_synthetic_llama
+
+    spec = SparseSpec(0)
+    path = write_synthetic_llama(tmp_path / "tiny.gguf", SHAPES["tiny"], "q4_0", spec, group_size=32)
+    thr = pred_threshold_for(0.3, spec)
+    n_layer, n = SHAPES["tiny"].n_layer, 12
+
+    def run(budget: float, det: bool = True) -> tuple[list[int], int, list[int]]:
+        with Model(path) as m, m.session(ContextParams(n_ctx=128, mode="predictor", pred_threshold=thr,
+                                                       deterministic=det, vram_budget_gib=budget)) as s:
+            s.decode(m.tokenize("one two three four"))
+            s.set_op_timing(True)
+            s.reset_op_times()
+            if budget:
+                s.reset_hybrid_stats()
+            toks = []
+            for _ in range(n):
+                toks.append(int(s.logits().argmax()))
+                s.decode([toks[-1]])
+            plans = sum(c for name, _, c, _ in s.op_times() if name == "kx_plan")
+            steps = [h.steps for h in s.hybrid_stats()] if budget else []
+            return toks, plans, steps
+
+    cpu, plans, _ = run(0.0)
+    assert plans == 0
+    full, plans, steps = run(1.0)
+    assert full == cpu and plans == 0 and steps == [0] * n_layer
+    assert run(1.0, det=False)[0] == run(0.0, det=False)[0]
+    part, plans, steps = run(0.0013)  # about half the groups (test_static_scores_hybrid_equals_cpu)
+    assert part == cpu
+    assert plans == n * sum(1 for x in steps if x > 0) and any(x > 0 for x in steps)
