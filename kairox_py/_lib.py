@@ -747,6 +747,11 @@ def kairox_get_op_times(ctx: Handle, out: CPtr[kairox_op_time], n_max: int, /) -
 def kairox_reset_op_times(ctx: Handle, /) -> None: ...
 
 
+# int32_t kairox_graph_splits(const struct llama_context * ctx);
+@ctypes_function("kairox_graph_splits", [llama_context_p], c_int32)
+def kairox_graph_splits(ctx: Handle, /) -> int: ...
+
+
 # struct kairox_profiler * kairox_profiler_init(int32_t n_layer, int32_t n_embd, int32_t n_ff, int32_t max_tokens);
 @ctypes_function("kairox_profiler_init", [c_int32, c_int32, c_int32, c_int32], c_void_p)
 def kairox_profiler_init(n_layer: int, n_embd: int, n_ff: int, max_tokens: int, /) -> int | None: ...

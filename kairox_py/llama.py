@@ -811,6 +811,12 @@ class Session:
     def reset_op_times(self) -> None:
         _lib.kairox_reset_op_times(self.ptr)
 
+    def graph_splits(self) -> int:
+        """Backend splits of the last graph computed (after a decode step: one token's graph). 1
+        when one backend runs all of it; each further split hands over between the CPU and the
+        device, a copy and a wait on the pipeline's critical path (-1 before any graph)."""
+        return int(_lib.kairox_graph_splits(self.ptr))
+
     def reset(self) -> None:
         """Forget everything decoded so far (KV memory and timings)."""
         _lib.llama_memory_clear(_lib.llama_get_memory(self.ptr), True)

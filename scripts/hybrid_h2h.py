@@ -20,7 +20,8 @@ Kairox's masks come from activation workloads run through the real runtime
 random neurons every token: no locality), and the presets of `kairox workload` (relu-7b,
 silu-7b). Each workload places its cache from its own group frequencies, written into the model
 before it is loaded. Decode tok/s are medians over --runs rounds after one warm-up round, with
-the hybrid statistics of the last round (hit rate, reload volume, CPU-half time, lambda).
+the hybrid statistics of the last round (hit rate, reload volume, CPU-half time, lambda) and
+the backend splits of a decode step (each a hand-over between the CPU and the device).
 
     python3 scripts/hybrid_h2h.py --out h2h                          # on the GPU machine
     python3 scripts/hybrid_h2h.py --layers 2 --runs 1 --out /tmp/h2h   # a quick check anywhere
@@ -62,7 +63,8 @@ GIB = float(1 << 30)
 GROUP = 32
 PROMPT = "The tide comes in twice a day because"
 FIELDS = ["workload", "budget", "engine", "config", "tok_s", "runs", "vram_gib", "cache_share", "hit_rate",
-          "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean", "vs_best_ngl", "vs_cpu_only"]
+          "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean", "splits_per_tok", "vs_best_ngl",
+          "vs_cpu_only"]
 
 
 @dataclass
@@ -158,7 +160,7 @@ def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits:
             s.decode([tok])
             tok = int(s.logits().argmax())
         dt = time.perf_counter() - t0
-        st: dict[str, float] = {}
+        st: dict[str, float] = {"splits_per_tok": float(s.graph_splits())}
         hs = s.hybrid_stats() if s.hybrid_info() is not None else []
         if hs:
             # a layer whose every group is resident runs on the device with no plan step (no counts):
@@ -197,10 +199,11 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
             w.writerow([r.workload, r.budget, r.engine, r.config, f"{r.tok_s:.3f}", " ".join(f"{x:.2f}" for x in r.runs),
                         f"{r.vram_gib:.3f}", f"{r.cache_share:.3f}",
                         *(f"{st[k]:.4f}" if k in st else "" for k in
-                          ("hit_rate", "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean")),
+                          ("hit_rate", "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean",
+                           "splits_per_tok")),
                         ratio(r.tok_s, best.get(r.budget)), ratio(r.tok_s, cpu.get(r.workload))])
     head = ["workload", "budget", "engine", "configuration", "tok/s", "VRAM GiB", "cache share", "hit rate",
-            "reload MB/tok", "CPU half us/layer", "x best -ngl", "x CPU-only"]
+            "reload MB/tok", "CPU half us/layer", "splits/token", "x best -ngl", "x CPU-only"]
     with open(out / "h2h.md", "w") as f:
         f.write(f"{title}\n\n| " + " | ".join(head) + " |\n" + "|---" * len(head) + "|\n")
         for r in rows:
@@ -211,6 +214,7 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                 f"{st['hit_rate']:.2f}" if "hit_rate" in st else "",
                 f"{st['reload_mb_per_tok']:.1f}" if "reload_mb_per_tok" in st else "",
                 f"{st['cpu_us_per_layer']:.0f}" if "cpu_us_per_layer" in st else "",
+                f"{st['splits_per_tok']:.0f}" if "splits_per_tok" in st else "",
                 ratio(r.tok_s, best.get(r.budget)) + ("x" if best.get(r.budget) else ""),
                 ratio(r.tok_s, cpu.get(r.workload)) + ("x" if cpu.get(r.workload) else ""),
             ]) + " |\n")

@@ -419,6 +419,8 @@ def test_fully_resident_layer_runs_without_plan(tmp_path: Path) -> None:
                 s.decode([toks[-1]])
             plans = sum(c for name, _, c, _ in s.op_times() if name == "kx_plan")
             steps = [h.steps for h in s.hybrid_stats()] if budget else []
+            # one backend (the CPU; the stand-in's cache is a CPU buffer): one split per token
+            assert s.graph_splits() == 1
             return toks, plans, steps
 
     cpu, plans, _ = run(0.0)
