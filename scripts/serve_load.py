@@ -1,0 +1,779 @@
+#!/usr/bin/env python3
+"""Load test for llama-server: concurrent streaming chat clients, sparse vs dense (issue 37).
+
+    python3 scripts/serve_load.py --model MODEL.kx-XXXX.gguf --clients 4 --duration 60 \\
+        [--modes sparse,dense] [--parallel 4] [-c 4096] [-t 2] [--max-tokens 32] \\
+        [--cancel-share 0.2] [--server-args "--kx-max-sparse-tokens 8"] [--out bench-out/serve-load]
+
+    python3 scripts/serve_load.py --url http://127.0.0.1:8080 --clients 8 --requests 200
+
+Why: the Kairox server is meant to serve several users at once, so its sparse FFN has to hold
+up under concurrent streaming requests, cancelled requests included, without growing memory.
+This tool drives the server through the official ``openai`` client (``pip install
+'.[serve]'``) as real chat clients do and measures what users see: time to first token, the
+gaps between streamed tokens, throughput per client and in total, and the server's resident
+memory over time.
+
+With ``--model`` the tool starts ``llama-server`` itself (``--server-bin``, default
+``build/new/bin/llama-server`` of this repository, else ``llama-server`` on PATH) on a free
+port, once per mode of ``--modes``, one after the other, with the same clients and prompts:
+
+* ``sparse``: the model's own Kairox setting (``--kx-mode auto``; a Kairox GGUF runs sparse);
+* ``dense``: ``--kx-mode dense``;
+* ``predictor``, ``threshold``, ``cats``, ``auto``: that ``--kx-mode``.
+
+It waits for ``/health``, samples the server's VmRSS (``/proc/PID/status``) every second and
+stops the server at the end, on errors and on Ctrl-C. With ``--url`` it drives a running
+server instead (one mode, used as a label; no memory samples).
+
+Each client sends the built-in prompts in turn (request i gets prompt i modulo the set) until
+``--requests`` requests are done in total or ``--duration`` seconds have passed. A share of
+the requests (``--cancel-share``, drawn per request index with ``--seed``, so every mode
+cancels the same requests) closes its stream after a random number of chunks; such a request
+counts as cancelled, not failed.
+
+Writes under --out:
+
+* ``requests.csv``: one row per request (mode, client, request, prompt, start, ttft, n_tokens,
+  duration, status, error);
+* ``summary.csv``, ``summary.md``: one row per mode: requests ok / failed / cancelled, tokens/s
+  in total and per client, TTFT and inter-token latency p50/p95/p99, server RSS;
+* ``clients.csv``: tokens and tokens/s per mode and client;
+* ``rss.csv``: the server's resident memory per second and mode (when the tool started it);
+* ``server-MODE.log``: the server's output (when the tool started it);
+* ``serve_load.png``: RSS over time and the latency CDFs (needs matplotlib).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import importlib.util
+import os
+import random
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_SERVER_BIN = REPO / "build" / "new" / "bin" / "llama-server"
+
+# --modes name -> the server arguments that select it
+MODE_ARGS: dict[str, list[str]] = {
+    "sparse": ["--kx-mode", "auto"],
+    "dense": ["--kx-mode", "dense"],
+    "auto": ["--kx-mode", "auto"],
+    "predictor": ["--kx-mode", "predictor"],
+    "threshold": ["--kx-mode", "threshold"],
+    "cats": ["--kx-mode", "cats"],
+}
+
+PROMPTS: tuple[str, ...] = (
+    "Write a haiku about a lighthouse in winter.",
+    "Explain in two sentences why the sky looks blue.",
+    "List three uses for a paperclip other than holding paper.",
+    "What is the difference between a list and a tuple in Python?",
+    "Give me a short recipe for tomato soup.",
+    "Translate 'good morning, how are you?' into French.",
+    "Summarize the plot of a detective story in one paragraph.",
+    "Why do cats purr? Answer briefly.",
+    "Write a limerick about a forgetful robot.",
+    "What are prime numbers? Give the first five.",
+    "Describe a sunrise over the mountains to someone who has never seen one.",
+    "How does a bicycle stay upright while moving?",
+    "Suggest a name for a bakery that only sells bread made with rye.",
+    "Write a polite email declining a meeting invitation.",
+    "What is photosynthesis? Explain it to a ten-year-old.",
+    "Name four planets of the solar system and one fact about each.",
+    "Write the opening line of a science fiction novel.",
+    "What should I pack for a weekend hiking trip?",
+    "Explain what a hash table is and when to use one.",
+    "Tell me a short joke about programmers.",
+)
+
+STATUS_OK, STATUS_FAILED, STATUS_CANCELLED = "ok", "failed", "cancelled"
+
+
+class LoadError(Exception):
+    """A problem the user can fix (bad input, unreachable or dead server): reported in one line."""
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """What the clients do; the same for every mode."""
+
+    clients: int
+    requests: int | None
+    duration: float | None
+    max_tokens: int
+    cancel_share: float
+    seed: int
+    request_timeout: float
+    progress_every: float
+    model_name: str
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the tool starts llama-server."""
+
+    binary: Path
+    model: Path
+    parallel: int
+    ctx: int
+    threads: int
+    extra_args: tuple[str, ...]
+    start_timeout: float
+
+
+# ---------------------------------------------------------------------------- results
+
+
+@dataclass
+class RequestResult:
+    mode: str
+    client: int
+    request: int
+    prompt: int
+    start: float  # seconds since the mode's load began
+    ttft: float | None  # seconds to the first content chunk
+    n_tokens: int
+    duration: float
+    status: str
+    error: str = ""
+    gaps: list[float] = field(default_factory=list)  # seconds between content chunks
+
+
+@dataclass
+class ModeRun:
+    mode: str
+    wall: float
+    results: list[RequestResult]
+    rss: list[tuple[float, float]]  # (seconds since server start, MiB)
+    rss_load_start: float | None  # seconds since server start when the load began
+
+
+class Collector:
+    """Thread-safe store of finished requests, read by the progress line."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._results: list[RequestResult] = []
+
+    def add(self, result: RequestResult) -> None:
+        with self._lock:
+            self._results.append(result)
+
+    def snapshot(self) -> list[RequestResult]:
+        with self._lock:
+            return list(self._results)
+
+
+class Budget:
+    """Hands out request indices until --requests are given out, --duration passes or stop."""
+
+    def __init__(self, total: int | None, deadline: float | None, stop: threading.Event) -> None:
+        self._lock = threading.Lock()
+        self._next = 0
+        self._total = total
+        self._deadline = deadline
+        self._stop = stop
+
+    def take(self) -> int | None:
+        if self._stop.is_set() or (self._deadline is not None and time.monotonic() >= self._deadline):
+            return None
+        with self._lock:
+            if self._total is not None and self._next >= self._total:
+                return None
+            index = self._next
+            self._next += 1
+            return index
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def ms(value: float | None) -> str:
+    return "" if value is None else f"{value * 1000:.1f}"
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def client_rates(run: ModeRun, clients: int) -> list[tuple[int, int, int, float]]:
+    """(client, requests, tokens, tokens/s over the mode's wall time) per client."""
+    rows = []
+    for c in range(clients):
+        mine = [r for r in run.results if r.client == c]
+        tokens = sum(r.n_tokens for r in mine)
+        rows.append((c, len(mine), tokens, tokens / run.wall if run.wall > 0 else 0.0))
+    return rows
+
+
+def summarize(run: ModeRun, clients: int) -> dict[str, str]:
+    """One summary row for a mode, as strings ready for CSV and Markdown."""
+    res = run.results
+    count = {s: sum(r.status == s for r in res) for s in (STATUS_OK, STATUS_FAILED, STATUS_CANCELLED)}
+    tokens = sum(r.n_tokens for r in res)
+    ttfts = [r.ttft for r in res if r.ttft is not None]
+    gaps = [g for r in res for g in r.gaps]
+    per_client = [rate for _, _, _, rate in client_rates(run, clients)]
+    in_load = [mib for t, mib in run.rss if run.rss_load_start is None or t >= run.rss_load_start]
+    before = [mib for t, mib in run.rss if run.rss_load_start is not None and t < run.rss_load_start]
+    return {
+        "mode": run.mode,
+        "requests": str(len(res)),
+        "ok": str(count[STATUS_OK]),
+        "failed": str(count[STATUS_FAILED]),
+        "cancelled": str(count[STATUS_CANCELLED]),
+        "wall_s": fmt(run.wall),
+        "tokens": str(tokens),
+        "tok_s": fmt(tokens / run.wall if run.wall > 0 else None),
+        "tok_s_client_min": fmt(min(per_client, default=None)),
+        "tok_s_client_mean": fmt(sum(per_client) / len(per_client) if per_client else None),
+        "tok_s_client_max": fmt(max(per_client, default=None)),
+        "ttft_p50_ms": ms(percentile(ttfts, 50)),
+        "ttft_p95_ms": ms(percentile(ttfts, 95)),
+        "ttft_p99_ms": ms(percentile(ttfts, 99)),
+        "itl_p50_ms": ms(percentile(gaps, 50)),
+        "itl_p95_ms": ms(percentile(gaps, 95)),
+        "itl_p99_ms": ms(percentile(gaps, 99)),
+        "rss_idle_mib": fmt(before[-1] if before else None),
+        "rss_peak_mib": fmt(max(in_load, default=None)),
+        "rss_end_mib": fmt(in_load[-1] if in_load else None),
+    }
+
+
+# ---------------------------------------------------------------------------- server
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def find_server_bin(requested: str | None) -> Path:
+    if requested:
+        path = Path(requested)
+        found = path if path.exists() else (Path(p) if (p := shutil.which(requested)) else None)
+        if found is None:
+            raise LoadError(f"server binary not found: {requested}")
+        return found
+    if DEFAULT_SERVER_BIN.exists():
+        return DEFAULT_SERVER_BIN
+    on_path = shutil.which("llama-server")
+    if on_path is None:
+        raise LoadError(f"no llama-server: neither {DEFAULT_SERVER_BIN} nor one on PATH; give --server-bin")
+    return Path(on_path)
+
+
+def die_with_parent() -> None:
+    """In the child before exec: the kernel kills the server when this tool dies (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def health(url: str, timeout: float = 2.0) -> tuple[int | None, str]:
+    """The /health status code and body; (None, reason) when nothing answers."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as e:
+        return None, str(getattr(e, "reason", e))
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in text[-lines:])
+
+
+def wait_healthy(url: str, timeout: float, proc: subprocess.Popen[bytes] | None, log: Path | None) -> None:
+    """Polls /health until it answers 200; fails when the server exits or the time is up."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log_tail(log) if log else ""
+            raise LoadError(f"the server exited at start with code {proc.returncode}"
+                            + (f"; the end of {log}:\n{tail}" if tail else ""))
+        code, body = health(url)
+        if code == 200:
+            return
+        if code is None and proc is None:
+            raise LoadError(f"no server answers at {url}: {body}")
+        last = f"HTTP {code}: {body.strip()}" if code is not None else body
+        time.sleep(0.25)
+    raise LoadError(f"{url}/health did not answer ok within {timeout:.0f} s (last: {last})")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL when the server does not exit in time."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
+
+
+@contextmanager
+def running_server(cfg: ServerConfig, mode: str, out: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path, RssSampler]]:
+    """Starts llama-server for a mode and its RSS sampler, waits for /health, yields (url,
+    process, log, sampler), stops both."""
+    port = free_port()
+    log = out / f"server-{mode}.log"
+    cmd = [str(cfg.binary), "--model", str(cfg.model), "--host", "127.0.0.1", "--port", str(port),
+           "--parallel", str(cfg.parallel), "-c", str(cfg.ctx), "-t", str(cfg.threads),
+           *MODE_ARGS[mode], *cfg.extra_args]
+    with open(log, "wb") as log_file:
+        log_file.write(("$ " + shlex.join(cmd) + "\n").encode())
+        log_file.flush()
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=die_with_parent)
+        except OSError as e:
+            raise LoadError(f"cannot start {cfg.binary}: {e}") from None
+    sampler = RssSampler(proc.pid).start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, cfg.start_timeout, proc, log)
+        yield url, proc, log, sampler
+    finally:
+        sampler.stop()
+        stop_server(proc)
+
+
+def read_rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class RssSampler:
+    """Samples a process's VmRSS every `interval` seconds in a thread."""
+
+    def __init__(self, pid: int, interval: float = 1.0) -> None:
+        self._pid = pid
+        self._interval = interval
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self._samples: list[tuple[float, float]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+    def sample(self) -> None:
+        mib = read_rss_mib(self._pid)
+        if mib is not None:
+            with self._lock:
+                self._samples.append((self.elapsed(), mib))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+
+    def stop(self) -> list[tuple[float, float]]:
+        """Stops sampling (once; later calls only return the samples), with a last sample."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self.sample()
+        with self._lock:
+            return list(self._samples)
+
+
+# ---------------------------------------------------------------------------- clients
+
+
+def cancel_after(index: int, cfg: LoadConfig) -> int | None:
+    """The chunk count after which request `index` closes its stream, or None: the same per
+    index in every mode."""
+    rng = random.Random(cfg.seed * 1_000_003 + index)
+    if rng.random() >= cfg.cancel_share:
+        return None
+    return rng.randint(1, max(1, cfg.max_tokens - 1))
+
+
+def short_error(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".replace("\n", " ")
+    return text[:200]
+
+
+def one_request(client: Any, mode: str, cid: int, index: int, cfg: LoadConfig, t0: float,
+                stop: threading.Event) -> RequestResult:
+    """Sends one streaming chat request and times its chunks."""
+    prompt = index % len(PROMPTS)
+    limit = cancel_after(index, cfg)
+    start = time.monotonic()
+    result = RequestResult(mode, cid, index, prompt, start - t0, None, 0, 0.0, STATUS_OK)
+    chunks = 0
+    usage_tokens: int | None = None
+    last: float | None = None
+    stream = None
+    try:
+        stream = client.chat.completions.create(
+            model=cfg.model_name, messages=[{"role": "user", "content": PROMPTS[prompt]}],
+            stream=True, max_tokens=cfg.max_tokens, temperature=0, seed=cfg.seed,
+            stream_options={"include_usage": True})
+        for chunk in stream:
+            if chunk.usage is not None:
+                usage_tokens = chunk.usage.completion_tokens
+            if not any(c.delta is not None and c.delta.content for c in chunk.choices):
+                continue
+            now = time.monotonic()
+            if last is None:
+                result.ttft = now - start
+            else:
+                result.gaps.append(now - last)
+            last = now
+            chunks += 1
+            if (limit is not None and chunks >= limit) or stop.is_set():
+                result.status = STATUS_CANCELLED
+                break
+    except Exception as e:  # any client or server error is a failed request, not a crash
+        result.status = STATUS_FAILED
+        result.error = short_error(e)
+    finally:
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:  # closing a broken connection may raise; the request is over
+                pass
+    result.n_tokens = usage_tokens if result.status == STATUS_OK and usage_tokens is not None else chunks
+    result.duration = time.monotonic() - start
+    return result
+
+
+def client_loop(url: str, mode: str, cid: int, cfg: LoadConfig, budget: Budget, sink: Collector,
+                t0: float, stop: threading.Event) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="none",
+                           timeout=cfg.request_timeout, max_retries=0)
+    try:
+        while (index := budget.take()) is not None:
+            sink.add(one_request(client, mode, cid, index, cfg, t0, stop))
+    finally:
+        client.close()
+
+
+def progress_line(mode: str, elapsed: float, results: list[RequestResult]) -> str:
+    tokens = sum(r.n_tokens for r in results)
+    count = {s: sum(r.status == s for r in results) for s in (STATUS_OK, STATUS_FAILED, STATUS_CANCELLED)}
+    rate = tokens / elapsed if elapsed > 0 else 0.0
+    return (f"[{mode}] {elapsed:6.1f} s  requests {len(results)} (ok {count[STATUS_OK]}, "
+            f"failed {count[STATUS_FAILED]}, cancelled {count[STATUS_CANCELLED]})  {rate:.1f} tok/s")
+
+
+def run_load(url: str, mode: str, cfg: LoadConfig, server: subprocess.Popen[bytes] | None,
+             log: Path | None) -> tuple[float, list[RequestResult]]:
+    """Runs the clients against a healthy server; returns (wall seconds, results)."""
+    stop = threading.Event()
+    sink = Collector()
+    t0 = time.monotonic()
+    deadline = t0 + cfg.duration if cfg.duration is not None else None
+    budget = Budget(cfg.requests, deadline, stop)
+    threads = [threading.Thread(target=client_loop, args=(url, mode, c, cfg, budget, sink, t0, stop),
+                                name=f"client-{c}", daemon=True) for c in range(cfg.clients)]
+    for t in threads:
+        t.start()
+    next_line = t0 + cfg.progress_every
+    try:
+        while alive := [t for t in threads if t.is_alive()]:
+            alive[0].join(timeout=0.2)
+            if server is not None and server.poll() is not None:
+                tail = log_tail(log) if log else ""
+                raise LoadError(f"the server exited during the load with code {server.returncode}"
+                                + (f"; the end of {log}:\n{tail}" if tail else ""))
+            if time.monotonic() >= next_line:
+                print(progress_line(mode, time.monotonic() - t0, sink.snapshot()), flush=True)
+                next_line += cfg.progress_every
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=cfg.request_timeout)
+    wall = time.monotonic() - t0
+    results = sorted(sink.snapshot(), key=lambda r: r.request)
+    print(progress_line(mode, wall, results) + "  done", flush=True)
+    return wall, results
+
+
+def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: str | None, out: Path) -> ModeRun:
+    if server_cfg is None:
+        assert url is not None
+        wait_healthy(url, 30.0, None, None)
+        wall, results = run_load(url, mode, load, None, None)
+        return ModeRun(mode, wall, results, [], None)
+    print(f"[{mode}] starting {server_cfg.binary.name} ({shlex.join(MODE_ARGS[mode])})", flush=True)
+    with running_server(server_cfg, mode, out) as (server_url, proc, log, sampler):
+        sampler.sample()  # the idle server, just before the load
+        load_start = sampler.elapsed()
+        wall, results = run_load(server_url, mode, load, proc, log)
+        rss = sampler.stop()
+        failed = [r for r in results if r.status == STATUS_FAILED]
+        if failed:
+            print(f"[{mode}] {len(failed)} failed requests, first: {failed[0].error} (server log: {log})",
+                  file=sys.stderr)
+    return ModeRun(mode, wall, results, rss, load_start)
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def write_requests(path: Path, runs: Sequence[ModeRun]) -> None:
+    header = ["mode", "client", "request", "prompt", "start", "ttft", "n_tokens", "duration", "status", "error"]
+    rows = [[r.mode, r.client, r.request, r.prompt, f"{r.start:.4f}",
+             "" if r.ttft is None else f"{r.ttft:.4f}", r.n_tokens, f"{r.duration:.4f}", r.status, r.error]
+            for run in runs for r in run.results]
+    write_csv(path, header, rows)
+
+
+def write_rss(path: Path, runs: Sequence[ModeRun]) -> None:
+    rows = [[run.mode, f"{t:.2f}", f"{mib:.1f}",
+             "load" if run.rss_load_start is None or t >= run.rss_load_start else "start"]
+            for run in runs for t, mib in run.rss]
+    write_csv(path, ["mode", "t_s", "rss_mib", "phase"], rows)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_summaries(out: Path, runs: Sequence[ModeRun], load: LoadConfig, target: str, argv: Sequence[str]) -> str:
+    """Writes summary.csv, summary.md and clients.csv; returns the summary's Markdown table."""
+    summary = [summarize(run, load.clients) for run in runs]
+    header = list(summary[0].keys())
+    write_csv(out / "summary.csv", header, [[row[k] for k in header] for row in summary])
+    clients = [[run.mode, str(c), str(n), str(tok), f"{rate:.1f}"]
+               for run in runs for c, n, tok, rate in client_rates(run, load.clients)]
+    client_header = ["mode", "client", "requests", "tokens", "tok_s"]
+    write_csv(out / "clients.csv", client_header, clients)
+    table = markdown_table(header, [[row[k] for k in header] for row in summary])
+    limit = f"{load.requests} requests" if load.requests is not None else ""
+    if load.duration is not None:
+        limit += (" or " if limit else "") + f"{load.duration:g} s"
+    text = (f"# serve_load\n\n`{shlex.join(['python3', 'scripts/serve_load.py', *argv])}`\n\n"
+            f"Target: {target}. {load.clients} streaming clients, {limit}, max_tokens {load.max_tokens}, "
+            f"cancel share {load.cancel_share:g}, temperature 0.\n\n"
+            "tok_s: tokens of every request (cancelled ones up to their cancel) per second of wall time; "
+            "tok_s_client_*: per client; ttft: time to the first content chunk; itl: gaps between "
+            "content chunks; rss_idle: the server's resident memory before the load, rss_peak/end: "
+            "during it.\n\n"
+            f"{table}\n\n## Per client\n\n{markdown_table(client_header, clients)}\n")
+    (out / "summary.md").write_text(text)
+    return table
+
+
+def write_plot(path: Path, runs: Sequence[ModeRun]) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import NullFormatter
+    except ImportError:
+        print("warning: matplotlib is missing; no serve_load.png (pip install matplotlib)", file=sys.stderr)
+        return
+    with_rss = any(run.rss for run in runs)
+    fig, axes = plt.subplots(1, 3 if with_rss else 2, figsize=(15 if with_rss else 10, 4))
+    ax_ttft, ax_itl = axes[-2], axes[-1]
+    if with_rss:
+        for run in runs:
+            ax = axes[0]
+            ax.plot([t for t, _ in run.rss], [m for _, m in run.rss], label=run.mode)
+            if run.rss_load_start is not None:
+                ax.axvline(run.rss_load_start, color="grey", lw=0.5, ls=":")
+        axes[0].set(title="server RSS", xlabel="s since server start", ylabel="MiB")
+        axes[0].legend()
+    for run in runs:
+        for ax, values in ((ax_ttft, [r.ttft for r in run.results if r.ttft is not None]),
+                           (ax_itl, [g for r in run.results for g in r.gaps])):
+            if values:
+                xs = sorted(v * 1000 for v in values)
+                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=run.mode)
+    ax_ttft.set(title="time to first token (CDF)", xlabel="ms", ylabel="share of requests")
+    ax_itl.set(title="inter-token latency (CDF)", xlabel="ms", ylabel="share of gaps")
+    for ax in (ax_ttft, ax_itl):
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--model", help="GGUF to serve: the tool starts llama-server on it, once per mode")
+    target.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8080")
+    p.add_argument("--server-bin", help=f"llama-server binary (default: {DEFAULT_SERVER_BIN.relative_to(REPO)} "
+                                        "of this repository, else llama-server on PATH)")
+    p.add_argument("--modes", help="comma-separated modes, one server start each: "
+                                   f"{', '.join(MODE_ARGS)} (default: sparse,dense; with --url one label, "
+                                   "default: server)")
+    p.add_argument("--parallel", type=int, default=4, help="server slots (default: 4)")
+    p.add_argument("-c", "--ctx", type=int, default=4096, help="server context, all slots together (default: 4096)")
+    p.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1, help="server threads (default: all cores)")
+    p.add_argument("--server-args", default="", help="extra llama-server arguments, one shell-quoted string")
+    p.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for /health (default: 120)")
+    p.add_argument("--clients", type=int, default=4, help="concurrent streaming clients (default: 4)")
+    p.add_argument("--requests", type=int, help="requests in total per mode")
+    p.add_argument("--duration", type=float, help="seconds of load per mode (default: 30 when --requests is not given)")
+    p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default: 32)")
+    p.add_argument("--cancel-share", type=float, default=0.2, help="share of requests cancelled mid-stream (default: 0.2)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the cancel draws and the sampler (default: 0)")
+    p.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request (default: 120)")
+    p.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines (default: 5)")
+    p.add_argument("--model-name", default="kairox", help="the `model` field of the requests (default: kairox)")
+    p.add_argument("--out", default=str(REPO / "bench-out" / "serve-load"), help="output folder (default: bench-out/serve-load)")
+    return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    positive = {"--parallel": args.parallel, "--ctx": args.ctx, "--threads": args.threads,
+                "--clients": args.clients, "--max-tokens": args.max_tokens,
+                "--start-timeout": args.start_timeout, "--request-timeout": args.request_timeout,
+                "--progress-every": args.progress_every}
+    for name, value in positive.items():
+        if value <= 0:
+            raise LoadError(f"{name} must be positive, not {value}")
+    if args.requests is not None and args.requests <= 0:
+        raise LoadError(f"--requests must be positive, not {args.requests}")
+    if args.duration is not None and args.duration <= 0:
+        raise LoadError(f"--duration must be positive, not {args.duration}")
+    if not 0.0 <= args.cancel_share <= 1.0:
+        raise LoadError(f"--cancel-share must be in [0, 1], not {args.cancel_share}")
+
+
+def parse_modes(args: argparse.Namespace) -> list[str]:
+    if args.url:
+        modes = [m.strip() for m in (args.modes or "server").split(",") if m.strip()]
+        if len(modes) != 1:
+            raise LoadError("--url drives one running server: give one --modes label at most")
+        return modes
+    modes = [m.strip() for m in (args.modes or "sparse,dense").split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODE_ARGS]
+    if unknown or not modes:
+        raise LoadError(f"unknown mode(s) {', '.join(unknown) or '(none)'}; known: {', '.join(MODE_ARGS)}")
+    if len(set(modes)) != len(modes):
+        raise LoadError("--modes names a mode twice")
+    return modes
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    model = Path(args.model).expanduser()
+    if not model.is_file():
+        raise LoadError(f"model not found: {model}")
+    try:
+        extra = tuple(shlex.split(args.server_args))
+    except ValueError as e:
+        raise LoadError(f"--server-args: {e}") from None
+    return ServerConfig(find_server_bin(args.server_bin), model.resolve(), args.parallel, args.ctx,
+                        args.threads, extra, args.start_timeout)
+
+
+def load_config(args: argparse.Namespace) -> LoadConfig:
+    duration = args.duration if args.duration is not None or args.requests is not None else 30.0
+    return LoadConfig(args.clients, args.requests, duration, args.max_tokens, args.cancel_share,
+                      args.seed, args.request_timeout, args.progress_every, args.model_name)
+
+
+def raise_interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        check_args(args)
+        if importlib.util.find_spec("openai") is None:
+            raise LoadError("the openai package is missing: pip install 'openai>=1.0' (or '.[serve]')")
+        modes = parse_modes(args)
+        server_cfg = server_config(args) if args.model else None
+        load = load_config(args)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        runs = [run_mode(mode, load, server_cfg, args.url, out) for mode in modes]
+        write_requests(out / "requests.csv", runs)
+        if server_cfg is not None:
+            write_rss(out / "rss.csv", runs)
+        target = f"{args.url}" if args.url else f"llama-server on {server_cfg.model.name if server_cfg else ''}"
+        table = write_summaries(out, runs, load, target, argv)
+        write_plot(out / "serve_load.png", runs)
+    except LoadError as e:
+        print(f"serve_load: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("serve_load: interrupted" + ("; the server is stopped" if args.model else ""), file=sys.stderr)
+        return 130
+    print(f"\n{table}\n\nwritten to {out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

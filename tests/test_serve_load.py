@@ -1,0 +1,77 @@
+"""scripts/serve_load.py end to end: sparse and dense llama-server under streaming clients."""
+from __future__ import annotations
+
+import csv
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from kairox_py.default_model import model_path
+
+SERVER_BIN = REPO / "build" / "new" / "bin" / "llama-server"
+
+
+def cached_kairox_model() -> Path | None:
+    """The newest cached Kairox conversion of the default model, or None."""
+    plain = model_path()
+    found = sorted(plain.parent.glob(f"{plain.stem}.kx-*.gguf"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_serve_load_sparse_and_dense(tmp_path: Path) -> None:
+    if importlib.util.find_spec("openai") is None:
+        pytest.skip("the openai package is not installed (pip install '.[serve]')")
+    if not SERVER_BIN.exists():
+        pytest.skip(f"{SERVER_BIN.relative_to(REPO)} is not built")
+    model = cached_kairox_model()
+    if model is None:
+        pytest.skip("no Kairox conversion of the default model is cached (run `kairox run` once)")
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "scripts" / "serve_load.py"), "--model", str(model),
+           "--server-bin", str(SERVER_BIN), "--modes", "sparse,dense", "--requests", "8",
+           "--clients", "2", "--parallel", "2", "-c", "1024", "-t", "2", "--max-tokens", "16",
+           "--cancel-share", "0.25", "--progress-every", "2", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+    requests = read_csv(out / "requests.csv")
+    assert len(requests) == 16, requests
+    assert {r["mode"] for r in requests} == {"sparse", "dense"}
+    for r in requests:
+        assert r["status"] in ("ok", "cancelled"), r
+        assert int(r["n_tokens"]) > 0, r
+        assert float(r["ttft"]) > 0 and float(r["duration"]) >= float(r["ttft"]), r
+    for mode in ("sparse", "dense"):
+        statuses = [r["status"] for r in requests if r["mode"] == mode]
+        assert "ok" in statuses and "cancelled" in statuses, (mode, statuses)
+
+    summary = {row["mode"]: row for row in read_csv(out / "summary.csv")}
+    assert list(summary) == ["sparse", "dense"]
+    for row in summary.values():
+        assert row["requests"] == "8" and row["failed"] == "0", row
+        assert int(row["ok"]) + int(row["cancelled"]) == 8, row
+        assert int(row["tokens"]) > 0 and float(row["tok_s"]) > 0, row
+        assert float(row["ttft_p50_ms"]) <= float(row["ttft_p99_ms"]), row
+        assert float(row["itl_p50_ms"]) > 0, row
+        assert float(row["rss_peak_mib"]) > 10, row
+
+    rss = read_csv(out / "rss.csv")
+    for mode in ("sparse", "dense"):
+        mine = [float(r["rss_mib"]) for r in rss if r["mode"] == mode]
+        assert len(mine) >= 2 and max(mine) > 10, (mode, mine)
+
+    md = (out / "summary.md").read_text()
+    assert "| sparse |" in md and "| dense |" in md
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "serve_load.png").stat().st_size > 0
