@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Load test for llama-server: concurrent streaming chat clients, sparse vs dense (issue 37).
 
-    python3 scripts/serve_load.py --model MODEL.kx-XXXX.gguf --clients 4 --duration 60 \\
-        [--modes sparse,dense] [--parallel 4] [-c 4096] [-t 2] [--max-tokens 32] \\
-        [--cancel-share 0.2] [--server-args "--kx-max-sparse-tokens 8"] [--out bench-out/serve-load]
+    python3 scripts/serve_load.py --model MODEL.kx-XXXX.gguf --original MODEL.gguf \\
+        --clients 1,2,4,8 --requests 100 [--modes sparse,original] [--parallel 8] [-c 4096] [-t 2] \\
+        [--max-tokens 32] [--cancel-share 0.2] [--server-args "--kx-max-sparse-tokens 8"] \\
+        [--out bench-out/serve-load]
 
     python3 scripts/serve_load.py --url http://127.0.0.1:8080 --clients 8 --requests 200
 
@@ -19,8 +20,16 @@ With ``--model`` the tool starts ``llama-server`` itself (``--server-bin``, defa
 port, once per mode of ``--modes``, one after the other, with the same clients and prompts:
 
 * ``sparse``: the model's own Kairox setting (``--kx-mode auto``; a Kairox GGUF runs sparse);
-* ``dense``: ``--kx-mode dense``;
+* ``original``: the ORIGINAL GGUF (``--original``) served as llama.cpp serves it, no Kairox
+  option: the baseline of every speed claim, and the default second mode when given;
+* ``dense``: ``--kx-mode dense`` of the Kairox GGUF (a diagnostic, not a baseline: the converted
+  file's dense path is not the original's);
 * ``predictor``, ``threshold``, ``cats``, ``auto``: that ``--kx-mode``.
+
+``--clients`` takes one count or a list (``1,2,4,8``): each mode's server then runs the load once
+per count, in that order (``--parallel`` defaults to the largest), and every row of the summary
+has ``x_base``, its throughput over the baseline mode's (``original``, else ``dense``) at the same
+client count, in the same run.
 
 It waits for ``/health``, samples the server's VmRSS (``/proc/PID/status``) every second and
 stops the server at the end, on errors and on Ctrl-C. With ``--url`` it drives a running
@@ -34,11 +43,12 @@ counts as cancelled, not failed.
 
 Writes under --out:
 
-* ``requests.csv``: one row per request (mode, client, request, prompt, start, ttft, n_tokens,
-  duration, status, error);
-* ``summary.csv``, ``summary.md``: one row per mode: requests ok / failed / cancelled, tokens/s
-  in total and per client, TTFT and inter-token latency p50/p95/p99, server RSS;
-* ``clients.csv``: tokens and tokens/s per mode and client;
+* ``requests.csv``: one row per request (mode, clients, client, request, prompt, start, ttft,
+  n_tokens, duration, status, error);
+* ``summary.csv``, ``summary.md``: one row per mode and client count: requests ok / failed /
+  cancelled, tokens/s in total (and over the baseline's) and per client, TTFT and inter-token
+  latency p50/p95/p99, server RSS;
+* ``clients.csv``: tokens and tokens/s per mode, client count and client;
 * ``rss.csv``: the server's resident memory per second and mode (when the tool started it);
 * ``server-MODE.log``: the server's output (when the tool started it);
 * ``serve_load.png``: RSS over time and the latency CDFs (needs matplotlib).
@@ -73,6 +83,7 @@ DEFAULT_SERVER_BIN = REPO / "build" / "new" / "bin" / "llama-server"
 # --modes name -> the server arguments that select it
 MODE_ARGS: dict[str, list[str]] = {
     "sparse": ["--kx-mode", "auto"],
+    "original": [],  # the --original GGUF, as upstream llama.cpp serves it
     "dense": ["--kx-mode", "dense"],
     "auto": ["--kx-mode", "auto"],
     "predictor": ["--kx-mode", "predictor"],
@@ -117,7 +128,7 @@ class LoadError(Exception):
 class LoadConfig:
     """What the clients do; the same for every mode."""
 
-    clients: int
+    clients: tuple[int, ...]  # client counts, run in this order
     requests: int | None
     duration: float | None
     max_tokens: int
@@ -134,6 +145,7 @@ class ServerConfig:
 
     binary: Path
     model: Path
+    original: Path | None  # the model of mode "original"
     parallel: int
     ctx: int
     threads: int
@@ -147,6 +159,7 @@ class ServerConfig:
 @dataclass
 class RequestResult:
     mode: str
+    clients: int  # concurrent clients of the load it belongs to
     client: int
     request: int
     prompt: int
@@ -162,6 +175,7 @@ class RequestResult:
 @dataclass
 class ModeRun:
     mode: str
+    clients: int
     wall: float
     results: list[RequestResult]
     rss: list[tuple[float, float]]  # (seconds since server start, MiB)
@@ -227,28 +241,35 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def client_rates(run: ModeRun, clients: int) -> list[tuple[int, int, int, float]]:
-    """(client, requests, tokens, tokens/s over the mode's wall time) per client."""
+def client_rates(run: ModeRun) -> list[tuple[int, int, int, float]]:
+    """(client, requests, tokens, tokens/s over the run's wall time) per client."""
     rows = []
-    for c in range(clients):
+    for c in range(run.clients):
         mine = [r for r in run.results if r.client == c]
         tokens = sum(r.n_tokens for r in mine)
         rows.append((c, len(mine), tokens, tokens / run.wall if run.wall > 0 else 0.0))
     return rows
 
 
-def summarize(run: ModeRun, clients: int) -> dict[str, str]:
-    """One summary row for a mode, as strings ready for CSV and Markdown."""
+def run_rate(run: ModeRun) -> float:
+    """Aggregate tokens per second of a run."""
+    return sum(r.n_tokens for r in run.results) / run.wall if run.wall > 0 else 0.0
+
+
+def summarize(run: ModeRun, base: ModeRun | None) -> dict[str, str]:
+    """One summary row for a run, as strings ready for CSV and Markdown; base: the baseline
+    mode's run at the same client count (None: no baseline in this run)."""
     res = run.results
     count = {s: sum(r.status == s for r in res) for s in (STATUS_OK, STATUS_FAILED, STATUS_CANCELLED)}
     tokens = sum(r.n_tokens for r in res)
     ttfts = [r.ttft for r in res if r.ttft is not None]
     gaps = [g for r in res for g in r.gaps]
-    per_client = [rate for _, _, _, rate in client_rates(run, clients)]
+    per_client = [rate for _, _, _, rate in client_rates(run)]
     in_load = [mib for t, mib in run.rss if run.rss_load_start is None or t >= run.rss_load_start]
     before = [mib for t, mib in run.rss if run.rss_load_start is not None and t < run.rss_load_start]
     return {
         "mode": run.mode,
+        "clients": str(run.clients),
         "requests": str(len(res)),
         "ok": str(count[STATUS_OK]),
         "failed": str(count[STATUS_FAILED]),
@@ -256,6 +277,7 @@ def summarize(run: ModeRun, clients: int) -> dict[str, str]:
         "wall_s": fmt(run.wall),
         "tokens": str(tokens),
         "tok_s": fmt(tokens / run.wall if run.wall > 0 else None),
+        "x_base": fmt(run_rate(run) / run_rate(base), 3) if base is not None and run_rate(base) > 0 else "",
         "tok_s_client_min": fmt(min(per_client, default=None)),
         "tok_s_client_mean": fmt(sum(per_client) / len(per_client) if per_client else None),
         "tok_s_client_max": fmt(max(per_client, default=None)),
@@ -360,7 +382,9 @@ def running_server(cfg: ServerConfig, mode: str, out: Path) -> Iterator[tuple[st
     process, log, sampler), stops both."""
     port = free_port()
     log = out / f"server-{mode}.log"
-    cmd = [str(cfg.binary), "--model", str(cfg.model), "--host", "127.0.0.1", "--port", str(port),
+    model = cfg.original if mode == "original" else cfg.model
+    assert model is not None
+    cmd = [str(cfg.binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
            "--parallel", str(cfg.parallel), "-c", str(cfg.ctx), "-t", str(cfg.threads),
            *MODE_ARGS[mode], *cfg.extra_args]
     with open(log, "wb") as log_file:
@@ -448,13 +472,13 @@ def short_error(e: BaseException) -> str:
     return text[:200]
 
 
-def one_request(client: Any, mode: str, cid: int, index: int, cfg: LoadConfig, t0: float,
+def one_request(client: Any, mode: str, clients: int, cid: int, index: int, cfg: LoadConfig, t0: float,
                 stop: threading.Event) -> RequestResult:
     """Sends one streaming chat request and times its chunks."""
     prompt = index % len(PROMPTS)
     limit = cancel_after(index, cfg)
     start = time.monotonic()
-    result = RequestResult(mode, cid, index, prompt, start - t0, None, 0, 0.0, STATUS_OK)
+    result = RequestResult(mode, clients, cid, index, prompt, start - t0, None, 0, 0.0, STATUS_OK)
     chunks = 0
     usage_tokens: int | None = None
     last: float | None = None
@@ -493,7 +517,7 @@ def one_request(client: Any, mode: str, cid: int, index: int, cfg: LoadConfig, t
     return result
 
 
-def client_loop(url: str, mode: str, cid: int, cfg: LoadConfig, budget: Budget, sink: Collector,
+def client_loop(url: str, mode: str, clients: int, cid: int, cfg: LoadConfig, budget: Budget, sink: Collector,
                 t0: float, stop: threading.Event) -> None:
     import openai
 
@@ -501,7 +525,7 @@ def client_loop(url: str, mode: str, cid: int, cfg: LoadConfig, budget: Budget, 
                            timeout=cfg.request_timeout, max_retries=0)
     try:
         while (index := budget.take()) is not None:
-            sink.add(one_request(client, mode, cid, index, cfg, t0, stop))
+            sink.add(one_request(client, mode, clients, cid, index, cfg, t0, stop))
     finally:
         client.close()
 
@@ -514,16 +538,16 @@ def progress_line(mode: str, elapsed: float, results: list[RequestResult]) -> st
             f"failed {count[STATUS_FAILED]}, cancelled {count[STATUS_CANCELLED]})  {rate:.1f} tok/s")
 
 
-def run_load(url: str, mode: str, cfg: LoadConfig, server: subprocess.Popen[bytes] | None,
+def run_load(url: str, mode: str, clients: int, cfg: LoadConfig, server: subprocess.Popen[bytes] | None,
              log: Path | None) -> tuple[float, list[RequestResult]]:
-    """Runs the clients against a healthy server; returns (wall seconds, results)."""
+    """Runs `clients` clients against a healthy server; returns (wall seconds, results)."""
     stop = threading.Event()
     sink = Collector()
     t0 = time.monotonic()
     deadline = t0 + cfg.duration if cfg.duration is not None else None
     budget = Budget(cfg.requests, deadline, stop)
-    threads = [threading.Thread(target=client_loop, args=(url, mode, c, cfg, budget, sink, t0, stop),
-                                name=f"client-{c}", daemon=True) for c in range(cfg.clients)]
+    threads = [threading.Thread(target=client_loop, args=(url, mode, clients, c, cfg, budget, sink, t0, stop),
+                                name=f"client-{c}", daemon=True) for c in range(clients)]
     for t in threads:
         t.start()
     next_line = t0 + cfg.progress_every
@@ -535,7 +559,7 @@ def run_load(url: str, mode: str, cfg: LoadConfig, server: subprocess.Popen[byte
                 raise LoadError(f"the server exited during the load with code {server.returncode}"
                                 + (f"; the end of {log}:\n{tail}" if tail else ""))
             if time.monotonic() >= next_line:
-                print(progress_line(mode, time.monotonic() - t0, sink.snapshot()), flush=True)
+                print(progress_line(f"{mode} x{clients}", time.monotonic() - t0, sink.snapshot()), flush=True)
                 next_line += cfg.progress_every
     finally:
         stop.set()
@@ -543,27 +567,39 @@ def run_load(url: str, mode: str, cfg: LoadConfig, server: subprocess.Popen[byte
             t.join(timeout=cfg.request_timeout)
     wall = time.monotonic() - t0
     results = sorted(sink.snapshot(), key=lambda r: r.request)
-    print(progress_line(mode, wall, results) + "  done", flush=True)
+    print(progress_line(f"{mode} x{clients}", wall, results) + "  done", flush=True)
     return wall, results
 
 
-def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: str | None, out: Path) -> ModeRun:
+def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: str | None,
+             out: Path) -> list[ModeRun]:
+    """One server for the mode (or the running --url), the load once per client count."""
     if server_cfg is None:
         assert url is not None
         wait_healthy(url, 30.0, None, None)
-        wall, results = run_load(url, mode, load, None, None)
-        return ModeRun(mode, wall, results, [], None)
-    print(f"[{mode}] starting {server_cfg.binary.name} ({shlex.join(MODE_ARGS[mode])})", flush=True)
+        runs = []
+        for n in load.clients:
+            wall, results = run_load(url, mode, n, load, None, None)
+            runs.append(ModeRun(mode, n, wall, results, [], None))
+        return runs
+    print(f"[{mode}] starting {server_cfg.binary.name} ({shlex.join(MODE_ARGS[mode]) or 'no Kairox option'})",
+          flush=True)
+    spans: list[tuple[int, float, list[RequestResult], float, float]] = []
     with running_server(server_cfg, mode, out) as (server_url, proc, log, sampler):
         sampler.sample()  # the idle server, just before the load
-        load_start = sampler.elapsed()
-        wall, results = run_load(server_url, mode, load, proc, log)
+        for n in load.clients:
+            start = sampler.elapsed()
+            wall, results = run_load(server_url, mode, n, load, proc, log)
+            spans.append((n, wall, results, start, sampler.elapsed()))
+            failed = [r for r in results if r.status == STATUS_FAILED]
+            if failed:
+                print(f"[{mode} x{n}] {len(failed)} failed requests, first: {failed[0].error} "
+                      f"(server log: {log})", file=sys.stderr)
         rss = sampler.stop()
-        failed = [r for r in results if r.status == STATUS_FAILED]
-        if failed:
-            print(f"[{mode}] {len(failed)} failed requests, first: {failed[0].error} (server log: {log})",
-                  file=sys.stderr)
-    return ModeRun(mode, wall, results, rss, load_start)
+    # each run keeps the samples up to its end: the idle start and every load before it, so
+    # that its RSS columns show growth across the runs of one server
+    return [ModeRun(mode, n, wall, results, [x for x in rss if x[0] <= end], start)
+            for n, wall, results, start, end in spans]
 
 
 # ---------------------------------------------------------------------------- output
@@ -577,18 +613,34 @@ def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) 
 
 
 def write_requests(path: Path, runs: Sequence[ModeRun]) -> None:
-    header = ["mode", "client", "request", "prompt", "start", "ttft", "n_tokens", "duration", "status", "error"]
-    rows = [[r.mode, r.client, r.request, r.prompt, f"{r.start:.4f}",
+    header = ["mode", "clients", "client", "request", "prompt", "start", "ttft", "n_tokens", "duration", "status",
+              "error"]
+    rows = [[r.mode, r.clients, r.client, r.request, r.prompt, f"{r.start:.4f}",
              "" if r.ttft is None else f"{r.ttft:.4f}", r.n_tokens, f"{r.duration:.4f}", r.status, r.error]
             for run in runs for r in run.results]
     write_csv(path, header, rows)
 
 
 def write_rss(path: Path, runs: Sequence[ModeRun]) -> None:
-    rows = [[run.mode, f"{t:.2f}", f"{mib:.1f}",
-             "load" if run.rss_load_start is None or t >= run.rss_load_start else "start"]
-            for run in runs for t, mib in run.rss]
+    """The samples of each server once (its last run holds them all), phase = the client
+    count whose load was running."""
+    last = {run.mode: run for run in runs}
+    starts = {mode: [(r.rss_load_start, r.clients) for r in runs if r.mode == mode] for mode in last}
+    rows = []
+    for mode, run in last.items():
+        for t, mib in run.rss:
+            phase = "start"
+            for start, n in starts[mode]:
+                if start is not None and t >= start:
+                    phase = f"load x{n}"
+            rows.append([mode, f"{t:.2f}", f"{mib:.1f}", phase])
     write_csv(path, ["mode", "t_s", "rss_mib", "phase"], rows)
+
+
+def baseline_mode(runs: Sequence[ModeRun]) -> str | None:
+    """The mode every row is compared with: the original GGUF, else the converted file's dense."""
+    modes = {run.mode for run in runs}
+    return next((m for m in ("original", "dense") if m in modes), None)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -599,21 +651,25 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def write_summaries(out: Path, runs: Sequence[ModeRun], load: LoadConfig, target: str, argv: Sequence[str]) -> str:
     """Writes summary.csv, summary.md and clients.csv; returns the summary's Markdown table."""
-    summary = [summarize(run, load.clients) for run in runs]
+    base_mode = baseline_mode(runs)
+    base = {run.clients: run for run in runs if run.mode == base_mode}
+    summary = [summarize(run, base.get(run.clients)) for run in runs]
     header = list(summary[0].keys())
     write_csv(out / "summary.csv", header, [[row[k] for k in header] for row in summary])
-    clients = [[run.mode, str(c), str(n), str(tok), f"{rate:.1f}"]
-               for run in runs for c, n, tok, rate in client_rates(run, load.clients)]
-    client_header = ["mode", "client", "requests", "tokens", "tok_s"]
+    clients = [[run.mode, str(run.clients), str(c), str(n), str(tok), f"{rate:.1f}"]
+               for run in runs for c, n, tok, rate in client_rates(run)]
+    client_header = ["mode", "clients", "client", "requests", "tokens", "tok_s"]
     write_csv(out / "clients.csv", client_header, clients)
     table = markdown_table(header, [[row[k] for k in header] for row in summary])
     limit = f"{load.requests} requests" if load.requests is not None else ""
     if load.duration is not None:
         limit += (" or " if limit else "") + f"{load.duration:g} s"
     text = (f"# serve_load\n\n`{shlex.join(['python3', 'scripts/serve_load.py', *argv])}`\n\n"
-            f"Target: {target}. {load.clients} streaming clients, {limit}, max_tokens {load.max_tokens}, "
-            f"cancel share {load.cancel_share:g}, temperature 0.\n\n"
+            f"Target: {target}. {', '.join(map(str, load.clients))} streaming clients, {limit} per mode "
+            f"and client count, max_tokens {load.max_tokens}, cancel share {load.cancel_share:g}, "
+            "temperature 0.\n\n"
             "tok_s: tokens of every request (cancelled ones up to their cancel) per second of wall time; "
+            + (f"x_base: tok_s over mode {base_mode}'s at the same client count; " if base_mode else "") +
             "tok_s_client_*: per client; ttft: time to the first content chunk; itl: gaps between "
             "content chunks; rss_idle: the server's resident memory before the load, rss_peak/end: "
             "during it.\n\n"
@@ -637,6 +693,8 @@ def write_plot(path: Path, runs: Sequence[ModeRun]) -> None:
     if with_rss:
         for run in runs:
             ax = axes[0]
+            if run is not [r for r in runs if r.mode == run.mode][-1]:
+                continue  # a server's last run holds all its samples
             ax.plot([t for t, _ in run.rss], [m for _, m in run.rss], label=run.mode)
             if run.rss_load_start is not None:
                 ax.axvline(run.rss_load_start, color="grey", lw=0.5, ls=":")
@@ -647,7 +705,7 @@ def write_plot(path: Path, runs: Sequence[ModeRun]) -> None:
                            (ax_itl, [g for r in run.results for g in r.gaps])):
             if values:
                 xs = sorted(v * 1000 for v in values)
-                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=run.mode)
+                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=f"{run.mode} x{run.clients}")
     ax_ttft.set(title="time to first token (CDF)", xlabel="ms", ylabel="share of requests")
     ax_itl.set(title="inter-token latency (CDF)", xlabel="ms", ylabel="share of gaps")
     for ax in (ax_ttft, ax_itl):
@@ -668,20 +726,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--model", help="GGUF to serve: the tool starts llama-server on it, once per mode")
+    p.add_argument("--original", help="the original GGUF the Kairox GGUF was converted from: mode `original` "
+                                      "serves it as upstream does (the baseline of x_base)")
     target.add_argument("--url", help="a running server, e.g. http://127.0.0.1:8080")
     p.add_argument("--server-bin", help=f"llama-server binary (default: {DEFAULT_SERVER_BIN.relative_to(REPO)} "
                                         "of this repository, else llama-server on PATH)")
     p.add_argument("--modes", help="comma-separated modes, one server start each: "
-                                   f"{', '.join(MODE_ARGS)} (default: sparse,dense; with --url one label, "
-                                   "default: server)")
-    p.add_argument("--parallel", type=int, default=4, help="server slots (default: 4)")
+                                   f"{', '.join(MODE_ARGS)} (default: sparse,original with --original, else "
+                                   "sparse,dense; with --url one label, default: server)")
+    p.add_argument("--parallel", type=int, default=None, help="server slots (default: the most --clients)")
     p.add_argument("-c", "--ctx", type=int, default=4096, help="server context, all slots together (default: 4096)")
     p.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1, help="server threads (default: all cores)")
     p.add_argument("--server-args", default="", help="extra llama-server arguments, one shell-quoted string")
     p.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for /health (default: 120)")
-    p.add_argument("--clients", type=int, default=4, help="concurrent streaming clients (default: 4)")
-    p.add_argument("--requests", type=int, help="requests in total per mode")
-    p.add_argument("--duration", type=float, help="seconds of load per mode (default: 30 when --requests is not given)")
+    p.add_argument("--clients", default="4", help="concurrent streaming clients, or a comma-separated list of "
+                                                  "counts run one after the other (default: 4)")
+    p.add_argument("--requests", type=int, help="requests in total per mode and client count")
+    p.add_argument("--duration", type=float, help="seconds of load per mode and client count (default: 30 when "
+                                                  "--requests is not given)")
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default: 32)")
     p.add_argument("--cancel-share", type=float, default=0.2, help="share of requests cancelled mid-stream (default: 0.2)")
     p.add_argument("--seed", type=int, default=0, help="seed for the cancel draws and the sampler (default: 0)")
@@ -692,9 +754,24 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def parse_clients(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise LoadError(f"--clients must be a count or a comma-separated list of counts, not {text!r}") from None
+    if not counts or any(n <= 0 for n in counts):
+        raise LoadError(f"--clients must be positive counts, not {text!r}")
+    return counts
+
+
 def check_args(args: argparse.Namespace) -> None:
+    args.clients = parse_clients(args.clients)
+    if args.parallel is None:
+        args.parallel = max(args.clients)
+    if args.original and args.url:
+        raise LoadError("--original needs --model (the tool starts both servers)")
     positive = {"--parallel": args.parallel, "--ctx": args.ctx, "--threads": args.threads,
-                "--clients": args.clients, "--max-tokens": args.max_tokens,
+                "--max-tokens": args.max_tokens,
                 "--start-timeout": args.start_timeout, "--request-timeout": args.request_timeout,
                 "--progress-every": args.progress_every}
     for name, value in positive.items():
@@ -714,12 +791,15 @@ def parse_modes(args: argparse.Namespace) -> list[str]:
         if len(modes) != 1:
             raise LoadError("--url drives one running server: give one --modes label at most")
         return modes
-    modes = [m.strip() for m in (args.modes or "sparse,dense").split(",") if m.strip()]
+    default = "sparse,original" if args.original else "sparse,dense"
+    modes = [m.strip() for m in (args.modes or default).split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODE_ARGS]
     if unknown or not modes:
         raise LoadError(f"unknown mode(s) {', '.join(unknown) or '(none)'}; known: {', '.join(MODE_ARGS)}")
     if len(set(modes)) != len(modes):
         raise LoadError("--modes names a mode twice")
+    if "original" in modes and not args.original:
+        raise LoadError("mode original needs --original ORIGINAL.gguf")
     return modes
 
 
@@ -727,11 +807,15 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     model = Path(args.model).expanduser()
     if not model.is_file():
         raise LoadError(f"model not found: {model}")
+    original = Path(args.original).expanduser() if args.original else None
+    if original is not None and not original.is_file():
+        raise LoadError(f"original model not found: {original}")
     try:
         extra = tuple(shlex.split(args.server_args))
     except ValueError as e:
         raise LoadError(f"--server-args: {e}") from None
-    return ServerConfig(find_server_bin(args.server_bin), model.resolve(), args.parallel, args.ctx,
+    return ServerConfig(find_server_bin(args.server_bin), model.resolve(),
+                        original.resolve() if original else None, args.parallel, args.ctx,
                         args.threads, extra, args.start_timeout)
 
 
@@ -758,11 +842,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         load = load_config(args)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        runs = [run_mode(mode, load, server_cfg, args.url, out) for mode in modes]
+        runs = [run for mode in modes for run in run_mode(mode, load, server_cfg, args.url, out)]
         write_requests(out / "requests.csv", runs)
         if server_cfg is not None:
             write_rss(out / "rss.csv", runs)
-        target = f"{args.url}" if args.url else f"llama-server on {server_cfg.model.name if server_cfg else ''}"
+        target = args.url or (f"llama-server on {server_cfg.model.name}"
+                              + (f" (original: {server_cfg.original.name})" if server_cfg.original else "")
+                              if server_cfg else "")
         table = write_summaries(out, runs, load, target, argv)
         write_plot(out / "serve_load.png", runs)
     except LoadError as e:

@@ -1,4 +1,4 @@
-"""scripts/serve_load.py end to end: sparse and dense llama-server under streaming clients."""
+"""scripts/serve_load.py end to end: sparse, original and dense llama-server under streaming clients."""
 from __future__ import annotations
 
 import csv
@@ -27,7 +27,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_serve_load_sparse_and_dense(tmp_path: Path) -> None:
+def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
     if importlib.util.find_spec("openai") is None:
         pytest.skip("the openai package is not installed (pip install '.[serve]')")
     if not SERVER_BIN.exists():
@@ -38,26 +38,33 @@ def test_serve_load_sparse_and_dense(tmp_path: Path) -> None:
 
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "scripts" / "serve_load.py"), "--model", str(model),
-           "--server-bin", str(SERVER_BIN), "--modes", "sparse,dense", "--requests", "8",
-           "--clients", "2", "--parallel", "2", "-c", "1024", "-t", "2", "--max-tokens", "16",
+           "--original", str(model_path()), "--server-bin", str(SERVER_BIN), "--modes", "sparse,original,dense",
+           "--requests", "8", "--clients", "2,1", "-c", "1024", "-t", "2", "--max-tokens", "16",
            "--cancel-share", "0.25", "--progress-every", "2", "--out", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
 
+    modes = ("sparse", "original", "dense")
     requests = read_csv(out / "requests.csv")
-    assert len(requests) == 16, requests
-    assert {r["mode"] for r in requests} == {"sparse", "dense"}
+    assert len(requests) == 48, requests
+    assert {(r["mode"], r["clients"]) for r in requests} == {(m, n) for m in modes for n in ("1", "2")}
+    assert {r["client"] for r in requests if r["clients"] == "1"} == {"0"}
     for r in requests:
         assert r["status"] in ("ok", "cancelled"), r
         assert int(r["n_tokens"]) > 0, r
         assert float(r["ttft"]) > 0 and float(r["duration"]) >= float(r["ttft"]), r
-    for mode in ("sparse", "dense"):
+    for mode in modes:
         statuses = [r["status"] for r in requests if r["mode"] == mode]
         assert "ok" in statuses and "cancelled" in statuses, (mode, statuses)
 
-    summary = {row["mode"]: row for row in read_csv(out / "summary.csv")}
-    assert list(summary) == ["sparse", "dense"]
+    rows = read_csv(out / "summary.csv")
+    assert [(r["mode"], r["clients"]) for r in rows] == [(m, n) for m in modes for n in ("2", "1")]
+    summary = {(r["mode"], r["clients"]): r for r in rows}
+    for (mode, n), row in summary.items():
+        # every row against the original GGUF at the same client count, in this run
+        expect = float(row["tok_s"]) / float(summary[("original", n)]["tok_s"])
+        assert float(row["x_base"]) == pytest.approx(expect, abs=0.01), row
     for row in summary.values():
         assert row["requests"] == "8" and row["failed"] == "0", row
         assert int(row["ok"]) + int(row["cancelled"]) == 8, row
@@ -67,11 +74,11 @@ def test_serve_load_sparse_and_dense(tmp_path: Path) -> None:
         assert float(row["rss_peak_mib"]) > 10, row
 
     rss = read_csv(out / "rss.csv")
-    for mode in ("sparse", "dense"):
+    for mode in modes:
         mine = [float(r["rss_mib"]) for r in rss if r["mode"] == mode]
         assert len(mine) >= 2 and max(mine) > 10, (mode, mine)
 
     md = (out / "summary.md").read_text()
-    assert "| sparse |" in md and "| dense |" in md
+    assert "| sparse | 2 |" in md and "| original | 1 |" in md and "x_base" in md
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "serve_load.png").stat().st_size > 0
