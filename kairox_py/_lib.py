@@ -266,7 +266,7 @@ class kairox_params(Structure):
         # version 2: the hybrid runtime
         ("vram_budget_gib", c_float),  # > 0: device cache of neuron groups under this budget; 0: CPU only
         ("policy", c_int32),  # enum kairox_balancer_policy of the device cache
-        ("lambda_init", c_float),  # TAM decay at start (fixed for tam_fixed); <= 0: the balancer's default
+        ("lambda_init", c_float),  # TAM decay (the start of tam_lambda's); <= 0: the balancer's default
         ("deterministic", c_bool),  # reproducible: down in fixed blocks summed in double; hybrid: lambda fixed
         # version 3
         ("down_dense_share", c_float),  # active share above which down reads ffn_down in order; < 0: model/built-in
@@ -286,7 +286,7 @@ class kairox_hybrid_layer_stats(Structure):
         ("n_groups", c_int32),
         ("n_slots", c_int32),  # the layer's share of the budget, in groups
         ("n_resident", c_int32),
-        ("n_io_bound", c_int32),  # steps whose reloads took longer than the CPU half
+        ("n_io_bound", c_int32),  # steps whose reloads took longer than the CPU half (I/O-bound)
         ("n_steps", c_int64),
         ("n_loads", c_int64),
         ("n_evicts", c_int64),
@@ -297,6 +297,7 @@ class kairox_hybrid_layer_stats(Structure):
         ("t_io_us", c_double),
         ("t_cpu_us", c_double),
         ("lambda_now", c_float),  # the decay at the last step
+        ("margin_now", c_float),  # the swap margin at the last step (adaptive TAM; 0 otherwise)
     ]
 
 
@@ -347,10 +348,10 @@ class kairox_op_time(Structure):
 # ---- kairox.h: balancer ----
 # enum kairox_balancer_policy
 (KAIROX_BALANCER_STATIC, KAIROX_BALANCER_LRU, KAIROX_BALANCER_LFU, KAIROX_BALANCER_TOPK,
- KAIROX_BALANCER_EAGER, KAIROX_BALANCER_TAM, KAIROX_BALANCER_TAM_FIXED) = range(7)
+ KAIROX_BALANCER_EAGER, KAIROX_BALANCER_TAM, KAIROX_BALANCER_TAM_FIXED, KAIROX_BALANCER_TAM_LAMBDA) = range(8)
 # enum kairox_bottleneck
 KAIROX_BOTTLENECK_NONE, KAIROX_BOTTLENECK_IO, KAIROX_BOTTLENECK_CPU = 0, 1, 2
-KAIROX_BALANCER_PARAMS_VERSION = 1
+KAIROX_BALANCER_PARAMS_VERSION = 2
 
 
 class kairox_balancer_params(Structure):
@@ -369,6 +370,11 @@ class kairox_balancer_params(Structure):
         ("eps", c_float),  # tau = (1 - lambda) + eps
         ("max_loads", c_int32),  # 0: no cap
         ("adapt_cap", c_bool),
+        # version 2
+        ("margin_min", c_float),  # TAM's swap margin: 0, or within [margin_min, margin_max]
+        ("margin_max", c_float),
+        ("margin_up", c_float),  # factor per I/O-bound step
+        ("margin_down", c_float),  # factor per CPU-bound step
     ]
 
 
@@ -855,6 +861,11 @@ def kairox_balancer_get_scores(bal: Handle, layer: int, scores: CPtr[c_float], n
 # int32_t kairox_balancer_get_lambda(const struct kairox_balancer * bal, int32_t layer, float * lambda, int32_t n_max);
 @ctypes_function("kairox_balancer_get_lambda", [c_void_p, c_int32, POINTER(c_float), c_int32], c_int32)
 def kairox_balancer_get_lambda(bal: Handle, layer: int, lambdas: CPtr[c_float], n_max: int, /) -> int: ...
+
+
+# int32_t kairox_balancer_get_margin(const struct kairox_balancer * bal, int32_t layer, float * margin, int32_t n_max);
+@ctypes_function("kairox_balancer_get_margin", [c_void_p, c_int32, POINTER(c_float), c_int32], c_int32)
+def kairox_balancer_get_margin(bal: Handle, layer: int, margins: CPtr[c_float], n_max: int, /) -> int: ...
 
 
 # float kairox_balancer_get_load_cap(const struct kairox_balancer * bal, int32_t layer);

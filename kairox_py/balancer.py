@@ -28,6 +28,7 @@ POLICIES: dict[str, int] = {
     "eager": _lib.KAIROX_BALANCER_EAGER,
     "tam": _lib.KAIROX_BALANCER_TAM,
     "tam_fixed": _lib.KAIROX_BALANCER_TAM_FIXED,
+    "tam_lambda": _lib.KAIROX_BALANCER_TAM_LAMBDA,
 }
 
 #: bottleneck names -> enum kairox_bottleneck
@@ -46,7 +47,7 @@ class BalancerConfig:
     """Policy and hyperparameters (kairox_balancer_params without the per-layer arrays)."""
 
     policy: str = "tam"
-    lambda_init: float = 0.5
+    lambda_init: float = 0.9  # TAM's decay; tam_lambda starts there and adapts it
     lambda_min: float = 0.5  # below ~0.5, tau = (1 - lambda) + eps exceeds the intensity of most
     # groups (normalised intensity < 1) and freezes the cache: see BENCHMARKS.md
     lambda_max: float = 0.95
@@ -54,6 +55,13 @@ class BalancerConfig:
     eps: float = 0.01
     max_loads: int = 0  # most loads per layer and step (0: no cap)
     adapt_cap: bool = False  # adapt that cap from feedback too
+    # adaptive TAM's swap margin (a resident ranks as score + margin): 0 until an I/O-bound
+    # step, then x margin_up per I/O-bound step within [margin_min, margin_max], x margin_down
+    # per CPU-bound step and back to 0 below margin_min
+    margin_min: float = 0.01
+    margin_max: float = 1.0
+    margin_up: float = 1.5
+    margin_down: float = 0.98
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
@@ -106,6 +114,8 @@ class Balancer:
         p.lambda_init, p.lambda_min, p.lambda_max = config.lambda_init, config.lambda_min, config.lambda_max
         p.alpha, p.eps = config.alpha, config.eps
         p.max_loads, p.adapt_cap = config.max_loads, config.adapt_cap
+        p.margin_min, p.margin_max = config.margin_min, config.margin_max
+        p.margin_up, p.margin_down = config.margin_up, config.margin_down
         err = _lib.kairox_balancer_check_params(ctypes.byref(p))
         if err:
             raise KairoxError(err.decode())
@@ -144,7 +154,8 @@ class Balancer:
         return layer
 
     def feedback(self, layer: int, bottleneck: str | int) -> None:
-        """Adapt lambda (and the load cap) of a layer (-1: all) to the last step's bottleneck."""
+        """Adapt the margin (tam), lambda (tam_lambda) and the load cap of a layer (-1: all)
+        to the last step's bottleneck."""
         b = BOTTLENECKS[bottleneck] if isinstance(bottleneck, str) else int(bottleneck)
         _lib.kairox_balancer_feedback(self.ptr, self._layer(layer, True), b)
 
@@ -237,6 +248,15 @@ class Balancer:
     def lambdas_into(self, out: np.ndarray) -> np.ndarray:
         _lib.kairox_balancer_get_lambda(self.ptr, -1, out.ctypes.data_as(_F32P), out.size)
         return out
+
+    def margins_into(self, out: np.ndarray) -> np.ndarray:
+        """Fill float32 [n_layer] with every layer's swap margin (0 for policies without one)."""
+        _lib.kairox_balancer_get_margin(self.ptr, -1, out.ctypes.data_as(_F32P), out.size)
+        return out
+
+    def margins(self) -> np.ndarray:
+        """Current swap margin of every layer (a copy)."""
+        return self.margins_into(np.empty(self.n_layer, dtype=np.float32))
 
     def load_cap(self, layer: int) -> float:
         """The layer's load cap per step (-1: none)."""

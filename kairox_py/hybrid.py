@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from . import _lib
 from .balancer import POLICIES as BALANCER_POLICIES
 
-#: CLI/ContextParams policy names -> enum kairox_balancer_policy: the balancer's own table, with
-#: TAM at a fixed lambda spelled `tam-t` as the hybrid issue and `kairox run --policy` name it
-POLICIES: dict[str, int] = {("tam-t" if k == "tam_fixed" else k): v for k, v in BALANCER_POLICIES.items()}
+#: the CLI spellings of the balancer's TAM variants (`--kx-policy` of the llama.cpp tools too)
+CLI_NAMES: dict[str, str] = {"tam_fixed": "tam-t", "tam_lambda": "tam-lambda"}
+
+#: CLI/ContextParams policy names -> enum kairox_balancer_policy: the balancer's own table,
+#: spelled as `kairox run --policy` names them
+POLICIES: dict[str, int] = {CLI_NAMES.get(k, k): v for k, v in BALANCER_POLICIES.items()}
 
 #: ContextParams.vram_budget_gib: size the budget from the device's free memory
 VRAM_AUTO: float = _lib.KAIROX_VRAM_BUDGET_AUTO
@@ -84,6 +87,7 @@ class HybridLayerStats:
     t_io_us: float
     t_cpu_us: float
     lambda_now: float
+    margin_now: float  # adaptive TAM's swap margin (0 for other policies)
 
     @property
     def hit_rate(self) -> float:
@@ -98,4 +102,4 @@ class HybridLayerStats:
     def from_c(cls, s: _lib.kairox_hybrid_layer_stats) -> HybridLayerStats:
         return cls(s.n_groups, s.n_slots, s.n_resident, s.n_steps, s.n_loads, s.n_evicts,
                    s.bytes_reloaded, s.n_active, s.n_active_dev, s.n_dev_computed, s.n_io_bound,
-                   s.t_io_us, s.t_cpu_us, s.lambda_now)
+                   s.t_io_us, s.t_cpu_us, s.lambda_now, s.margin_now)

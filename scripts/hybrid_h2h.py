@@ -63,8 +63,8 @@ GIB = float(1 << 30)
 GROUP = 32
 PROMPT = "The tide comes in twice a day because"
 FIELDS = ["workload", "budget", "engine", "config", "tok_s", "runs", "vram_gib", "cache_share", "hit_rate",
-          "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean", "splits_per_tok", "vs_best_ngl",
-          "vs_cpu_only"]
+          "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean", "margin_mean", "splits_per_tok",
+          "vs_best_ngl", "vs_cpu_only"]
 
 
 @dataclass
@@ -175,6 +175,7 @@ def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits:
                 "cpu_us_per_layer": sum(x.t_cpu_us for x in hs) / max(1, sum(x.steps for x in hs)),
                 "io_bound_share": sum(x.io_bound_steps for x in hs) / max(1, sum(x.steps for x in hs)),
                 "lambda_mean": float(np.mean([x.lambda_now for x in hs])),
+                "margin_mean": float(np.mean([x.margin_now for x in hs])),
             }
         return n / dt, st
 
@@ -200,7 +201,7 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                         f"{r.vram_gib:.3f}", f"{r.cache_share:.3f}",
                         *(f"{st[k]:.4f}" if k in st else "" for k in
                           ("hit_rate", "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean",
-                           "splits_per_tok")),
+                           "margin_mean", "splits_per_tok")),
                         ratio(r.tok_s, best.get(r.budget)), ratio(r.tok_s, cpu.get(r.workload))])
     head = ["workload", "budget", "engine", "configuration", "tok/s", "VRAM GiB", "cache share", "hit rate",
             "reload MB/tok", "CPU half us/layer", "splits/token", "x best -ngl", "x CPU-only"]

@@ -11,7 +11,7 @@ checks that it predicts what the real runtime does. For every prompt the script
    each step's FFN inputs; the in-graph predictors' choices are recomputed from them in NumPy
    (the prefill is one balancer step, intensity = per-token maximum, as in the runtime);
 2. runs the hybrid runtime on the stand-in device for every policy and budget (deterministic:
-   fixed lambda, no timing feedback), checks that tokens and recorded inputs are identical to
+   no timing feedback, nothing adapts), checks that tokens and recorded inputs are identical to
    step 1 (placement never changes results), and reads the per-layer cache stats of the
    decode steps (the prefill step is excluded on both sides);
 3. writes those masks as a trace directory (the `kairox trace` format, so `kairox simulate`

@@ -18,7 +18,7 @@ that the simulator predicts what the runtime does. Steps:
    the per-layer counters must equal the workload's bits; tok/s next to the same model with
    fixed random masks of the same mean density (what a fixed-mask benchmark measures);
 4. the hybrid runtime on the CPU stand-in device for every policy and budget (deterministic:
-   fixed lambda, no timing feedback), and the simulator's replay of the workload with the
+   no timing feedback, nothing adapts), and the simulator's replay of the workload with the
    runtime's per-layer slots (kairox_py.sim.agreement): reload volume and hit rates.
 
 Results under --out: summary.csv / summary.md / per_layer.csv (agreement) and speed.csv.

@@ -3,7 +3,8 @@
 Every policy the simulator compares runs through these checks: the resident set never
 exceeds the budget, load/evict lists are disjoint and explain the change of the resident
 set, static placement never moves anything, TAM never loads a group for one isolated
-activation, and lambda follows the bottleneck feedback within its bounds.
+activation, and the swap margin (tam) or lambda (tam_lambda) follows the bottleneck feedback
+within its bounds.
 """
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_static_placement_is_profiled_top_k_and_never_moves() -> None:
             assert list(np.flatnonzero(bal.resident(0))) == [1, 2, 3]
 
 
-@pytest.mark.parametrize("policy", ["tam", "tam_fixed"])
+@pytest.mark.parametrize("policy", ["tam", "tam_fixed", "tam_lambda"])
 @pytest.mark.parametrize("lam", [0.1, 0.5, 0.9])
 def test_isolated_activation_never_loads(policy: str, lam: float) -> None:
     n = 32
@@ -86,7 +87,7 @@ def test_isolated_activation_never_loads(policy: str, lam: float) -> None:
             a[:4] = 1.0
             if t % 10 == 5:  # one isolated full-intensity spike, each cold group at most once
                 a[int(next(spiking))] = 1.0
-            if policy == "tam":
+            if policy != "tam_fixed":
                 bal.feedback(0, ["io", "cpu", "none"][t % 3])
             assert bal.step(0, a) == 0, f"step {t}"
         # a few consecutive full activations do load (the filter is not a wall)
@@ -98,7 +99,7 @@ def test_isolated_activation_never_loads(policy: str, lam: float) -> None:
 
 
 def test_lambda_follows_feedback_within_bounds() -> None:
-    cfg = BalancerConfig("tam", lambda_init=0.5, lambda_min=0.2, lambda_max=0.9, alpha=0.1)
+    cfg = BalancerConfig("tam_lambda", lambda_init=0.5, lambda_min=0.2, lambda_max=0.9, alpha=0.1)
     with Balancer([8, 8], [4, 4], cfg) as bal:
         last = bal.lambdas()
         for _ in range(30):  # I/O-bound: lambda rises to lambda_max and stays there
@@ -120,11 +121,65 @@ def test_lambda_follows_feedback_within_bounds() -> None:
         assert bal.lambdas()[0] == pytest.approx(0.22)
 
 
+def test_margin_follows_feedback_within_bounds_and_lambda_stays() -> None:
+    cfg = BalancerConfig("tam", lambda_init=0.8, margin_min=0.02, margin_max=0.5, margin_up=1.1, margin_down=0.9)
+    with Balancer([8, 8], [4, 4], cfg) as bal:
+        assert list(bal.margins()) == [0.0, 0.0]  # no margin until reloads are the bottleneck
+        bal.feedback(0, "cpu")
+        assert bal.margins()[0] == 0.0
+        bal.feedback(0, "io")
+        assert bal.margins()[0] == pytest.approx(0.02)  # the first I/O-bound step: margin_min
+        last = bal.margins()
+        for _ in range(60):  # I/O-bound: the margin grows to margin_max (fewer swaps)
+            bal.feedback(0, "io")
+            m = bal.margins()
+            assert last[0] <= m[0] <= 0.5 + 1e-7
+            assert m[1] == 0.0  # other layers untouched
+            last = m
+        assert last[0] == pytest.approx(0.5)
+        bal.feedback(0, "cpu")
+        assert bal.margins()[0] == pytest.approx(0.45)
+        for _ in range(29):  # CPU-bound: decays towards margin_min (more balancing) ...
+            bal.feedback(0, "cpu")
+            assert bal.margins()[0] >= 0.02
+        for _ in range(3):  # ... and is dropped below it
+            bal.feedback(0, "cpu")
+        assert bal.margins()[0] == 0.0
+        bal.feedback(-1, "io")
+        assert list(bal.margins()) == pytest.approx([0.02, 0.02])
+        assert list(bal.lambdas()) == pytest.approx([0.8, 0.8])
+        bal.reset()
+        assert list(bal.margins()) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("policy", ["tam_fixed", "tam_lambda", "topk", "lru"])
+def test_only_adaptive_tam_has_a_margin(policy: str) -> None:
+    with Balancer([8], [4], BalancerConfig(policy)) as bal:
+        bal.feedback(0, "io")
+        assert bal.margins()[0] == 0.0
+
+
 def test_fixed_lambda_ignores_feedback() -> None:
     with Balancer([8], [4], BalancerConfig("tam_fixed", lambda_init=0.6)) as bal:
         for fb in ("io", "cpu", "io"):
             bal.feedback(0, fb)
         assert bal.lambdas()[0] == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize("policy,io,swap_at", [("tam_fixed", True, 0), ("tam", False, 0), ("tam", True, 3)])
+def test_margin_keeps_a_resident_against_a_near_equal_candidate(policy: str, io: bool, swap_at: int) -> None:
+    """Group 1 overtakes resident group 0 at once; under I/O pressure adaptive TAM's margin
+    (0.2 here) makes it lead by more than that first: scores 0.37, 0.433, 0.490 then 0.541
+    against group 0's 0.3. Without that pressure there is no margin."""
+    freq = np.array([0.3, 0.3], dtype=np.float32)  # a tie: group 0 (lower index) is resident
+    cfg = BalancerConfig(policy, lambda_init=0.9, margin_min=0.2, margin_up=1.0)
+    with Balancer([2], [1], cfg, freq) as bal:
+        if io:
+            bal.feedback(0, "io")
+        a = np.array([0.3, 1.0], dtype=np.float32)
+        for t in range(6):
+            bal.step(0, a)
+            assert bal.resident(0)[1] == (t >= swap_at), f"step {t}"
 
 
 def test_cap_admits_best_loads_and_evicts_worst_residents() -> None:
@@ -194,8 +249,10 @@ def test_step_all_matches_per_layer_steps() -> None:
                 b.step(il, acts[il][t])
             assert (a.resident() == b.resident()).all()
             assert np.array_equal(a.lambdas(), b.lambdas())
+            assert np.array_equal(a.margins(), b.margins())
         a.reset()
-        assert a.lambdas()[0] == pytest.approx(0.5)
+        assert a.lambdas()[0] == pytest.approx(0.9)
+        assert a.margins()[0] == 0.0
 
 
 def test_group_intensity_helper() -> None:
@@ -210,6 +267,10 @@ def test_group_intensity_helper() -> None:
     ({"lambda_init": 0.99, "lambda_max": 0.95}, "lambda"),
     ({"alpha": 1.5}, "alpha"),
     ({"max_loads": -1}, "max_loads"),
+    ({"margin_min": 0.0}, "margin"),
+    ({"margin_min": 0.5, "margin_max": 0.4}, "margin"),
+    ({"margin_up": 0.9}, "margin_up"),
+    ({"margin_down": 0.0}, "margin_down"),
 ])
 def test_bad_params_are_reported(kwargs: dict, msg: str) -> None:
     with pytest.raises(KairoxError, match=msg):

@@ -126,14 +126,29 @@ def test_deterministic_mode_repeats_and_feedback_moves_lambda(kx_model: Path, si
     b, _ = _greedy(kx_model, vram_budget_gib=budget, policy="tam")
     assert a == b
     with Model(kx_model) as m:
-        with m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy="tam",
-                                     deterministic=True, lambda_init=0.7)) as s:
+        for policy in ("tam", "tam-lambda"):  # deterministic: neither the margin nor lambda moves
+            with m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy=policy,
+                                         deterministic=True, lambda_init=0.7)) as s:
+                s.decode(m.tokenize(PROMPT))
+                for _ in range(8):
+                    s.decode([int(s.logits().argmax())])
+                assert np.all(s.lambda_trace(3) == pytest.approx(0.7))
+                assert s.hybrid_stats()[3].margin_now == 0.0
+        # adaptive TAM: the margin moves with the measured feedback: 0, or within [0.01, 1]
+        with m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy="tam")) as s:
             s.decode(m.tokenize(PROMPT))
-            for _ in range(8):
+            for _ in range(16):
                 s.decode([int(s.logits().argmax())])
-            assert np.all(s.lambda_trace(3) == pytest.approx(0.7))
-        # lambda starts mid-range (bounds then 0.5..0.95) so that either verdict can move it
-        with m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy="tam",
+            for st in s.hybrid_stats():
+                if st.n_slots == 0:
+                    continue
+                assert st.margin_now == 0.0 or 0.01 - 1e-7 <= st.margin_now <= 1.0
+                if st.io_bound_steps == 0:
+                    assert st.margin_now == 0.0
+                elif st.io_bound_steps == st.steps - 1:
+                    assert st.margin_now > 0.01
+        # tam-lambda: lambda starts mid-range (bounds then 0.5..0.95) so that either verdict can move it
+        with m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy="tam-lambda",
                                      lambda_init=0.7)) as s:
             s.decode(m.tokenize(PROMPT))
             for _ in range(16):

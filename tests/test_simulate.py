@@ -86,8 +86,12 @@ def test_conservation(synth: Trace, policy: str, mode: str) -> None:
             assert (r.io_stall_us == 0).all()
         if policy == "static":
             assert r.loads.sum() == 0 and (r.io_us == 0).all()
-        if policy not in ("tam",):
-            assert np.allclose(r.lam, 0.5)
+        if policy != "tam_lambda":  # only the paper's variant adapts lambda
+            assert np.allclose(r.lam, BalancerConfig.lambda_init)
+        if policy != "tam":  # only adaptive TAM has a margin
+            assert (r.margin == 0).all()
+        else:
+            assert (((r.margin >= 0.01 - 1e-7) | (r.margin == 0)) & (r.margin <= 1.0)).all()
 
 
 def test_budget_extremes(synth: Trace) -> None:

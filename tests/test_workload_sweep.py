@@ -81,7 +81,7 @@ def test_sweep_end_to_end(tmp_path: Path) -> None:
     assert {c["workload"] for c in cells} == {"relu-7b", "silu-7b"}
     for wl in ("relu-7b", "silu-7b"):
         fig = out / "figures" / wl
-        for name in ("fig5_static_vs_lru.csv", "fig10_topk_tam.csv", "fig11_lambda.csv", "fig13_budget.csv",
+        for name in ("fig5_static_vs_lru.csv", "fig10_topk_tam.csv", "fig11_adaptation.csv", "fig13_budget.csv",
                      "summary.csv", "per_layer.csv"):
             assert (fig / name).is_file(), f"{wl}/{name}"
     assert not (out / "workloads").exists()  # deleted after their simulations

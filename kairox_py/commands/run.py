@@ -179,13 +179,14 @@ def _ffn_on_host(path: str | os.PathLike[str], dense: bool, vram_budget: float) 
               help="Hybrid runtime, --vram-budget auto: GiB of device memory left free besides the "
                    "KV cache and compute buffers.")
 @click.option("--policy", type=click.Choice(list(POLICIES)), default="tam", show_default=True,
-              help="Hybrid runtime: the cache's balancer policy (tam-t: TAM with a fixed lambda).")
+              help="Hybrid runtime: the cache's balancer policy (tam: adaptive swap margin; tam-t: "
+                   "nothing adapts; tam-lambda: the paper's adaptive decay).")
 @click.option("--lambda", "lambda_init", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
-              help="Hybrid runtime: TAM's decay at start (0: the default, 0.5).")
+              help="Hybrid runtime: TAM's decay (0: the balancer's default, 0.9).")
 @click.option("--deterministic", is_flag=True,
               help="Reproducible output: the sparse down projection sums in double, so results do not "
                    "depend on the thread count or (hybrid runtime) on where neurons live; the hybrid "
-                   "runtime also uses no timing feedback (fixed lambda, same tokens run to run).")
+                   "runtime also uses no timing feedback (nothing adapts, same tokens run to run).")
 @click.option("--down-dense-share", type=click.FloatRange(min=0.0), default=None,
               help="Share of active neurons above which the sparse down projection reads ffn_down "
                    "in order (0: always, >= 1: never; default: the model's, from kairox calibrate, "
@@ -363,17 +364,17 @@ def _hybrid_table(session: Session) -> Table:
                         f"+ cache {info.cache_bytes / gib:.3f} GiB, {info.n_slots}/{info.n_groups} "
                         f"groups of {info.group_size}", title_justify="left")
     for col in ("layer", "slots", "hit rate", "loads", "MiB reloaded", "io ms", "cpu ms",
-                "io-bound", "lambda"):
+                "io-bound", "lambda", "margin"):
         table.add_column(col, justify="right")
     for i, st in enumerate(session.hybrid_stats()):
         if st.n_slots == 0:  # no cache in this layer: it runs on the CPU alone, the runtime skips it
-            table.add_row(str(i), f"0/{st.n_groups}", "-", "-", "-", "-", "-", "-", "-")
+            table.add_row(str(i), f"0/{st.n_groups}", "-", "-", "-", "-", "-", "-", "-", "-")
             continue
         table.add_row(str(i), f"{st.n_slots}/{st.n_groups}",
                       "-" if not st.active else f"{100 * st.hit_rate:.1f}%", str(st.loads),
                       f"{st.bytes_reloaded / (1 << 20):.2f}", f"{st.t_io_us / 1000:.1f}",
                       f"{st.t_cpu_us / 1000:.1f}", f"{st.io_bound_steps}/{st.steps}",
-                      f"{st.lambda_now:.3f}")
+                      f"{st.lambda_now:.3f}", f"{st.margin_now:.3f}")
     return table
 
 

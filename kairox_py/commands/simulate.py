@@ -8,6 +8,7 @@ from rich.table import Table
 
 from ..balancer import POLICIES, Balancer, BalancerConfig
 from ..errors import KairoxError
+from ..hybrid import CLI_NAMES
 from ..outputs import check_output_into
 from ..progress import make_progress
 from ..sim.figures import fig5, fig8, fig10, fig11, fig13
@@ -29,7 +30,7 @@ from ._common import float_list, stderr_console
 FIG13_BUDGETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 #: `kairox run --policy` spellings accepted too (kairox_py.hybrid.POLICIES), so that both commands
 #: take the same names; reports keep the balancer's own
-POLICY_ALIASES = {"tam-t": "tam_fixed"}
+POLICY_ALIASES = {cli: name for name, cli in CLI_NAMES.items()}
 
 
 def _names(text: str, allowed: dict | tuple, what: str, aliases: dict[str, str] | None = None) -> list[str]:
@@ -55,8 +56,8 @@ def _names(text: str, allowed: dict | tuple, what: str, aliases: dict[str, str] 
 @click.option("--vram-mib", type=click.FloatRange(min=0.0), default=None,
               help="VRAM budget for the FFN cache in MiB (all layers) instead of --budget.")
 @click.option("--policy", "policies", default="all", show_default=True,
-              help=f"Policies: {', '.join(POLICIES)} (comma-separated, or all); tam-t, as "
-                   "`kairox run --policy` names it, is tam_fixed (TAM with a fixed lambda).")
+              help=f"Policies: {', '.join(POLICIES)} (comma-separated, or all); tam adapts its swap "
+                   "margin, tam_fixed (tam-t) nothing, tam_lambda (tam-lambda) its decay.")
 @click.option("--mode", type=click.Choice(MODES), default="wait", show_default=True,
               help="wait: a layer's GPU FFN waits for its reloads (the paper's pipeline); "
                    "async: late groups run on the CPU instead.")
@@ -66,16 +67,16 @@ def _names(text: str, allowed: dict | tuple, what: str, aliases: dict[str, str] 
 @click.option("--group-size", type=click.IntRange(min=1), default=None,
               help="Neurons per group (default: the trace's Kairox GGUF's).")
 @click.option("--lambda", "lam", type=float, default=BalancerConfig.lambda_init, show_default=True,
-              help="TAM decay (initial value for adaptive TAM, whose range it widens when "
-                   "outside the default --lambda-min/--lambda-max).")
+              help="TAM decay (tam_lambda's initial value, whose range it widens when outside "
+                   "the default --lambda-min/--lambda-max).")
 @click.option("--lambda-min", type=float, default=None,
-              help=f"Adaptive TAM's lowest lambda (default: {BalancerConfig.lambda_min}, or --lambda "
+              help=f"tam_lambda's lowest lambda (default: {BalancerConfig.lambda_min}, or --lambda "
                    "when that is lower).")
 @click.option("--lambda-max", type=float, default=None,
-              help=f"Adaptive TAM's highest lambda (default: {BalancerConfig.lambda_max}, or --lambda "
+              help=f"tam_lambda's highest lambda (default: {BalancerConfig.lambda_max}, or --lambda "
                    "when that is higher).")
 @click.option("--alpha", type=float, default=BalancerConfig.alpha, show_default=True,
-              help="Adaptation rate of lambda (and of the load cap).")
+              help="Adaptation rate of the margin or lambda (and of the load cap).")
 @click.option("--eps", type=float, default=BalancerConfig.eps, show_default=True,
               help="One-hit-wonder margin: tau = (1 - lambda) + eps.")
 @click.option("--max-loads", type=click.IntRange(min=0), default=0, show_default=True,

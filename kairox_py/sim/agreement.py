@@ -2,7 +2,7 @@
 
 Why: the simulator is how policies are compared without a GPU, so it must predict what the
 real runtime does. Both sides run the same C++ balancer on the same per-step masks; this module
-replays a trace with the runtime's per-layer slot counts (deterministic: fixed lambda, no
+replays a trace with the runtime's per-layer slot counts (deterministic: nothing adapts, no
 timing feedback, layer 0 decided from its own step, as the CPU stand-in does) and sets the
 runtime's reload volume and hit rates beside the simulator's. `scripts/hybrid_vs_sim.py` feeds
 it a real model's recorded masks, `scripts/workload_vs_sim.py` a workload a synthetic model ran.
@@ -70,9 +70,14 @@ def compare(data: SequenceData, cpu: CpuCalibration, counts: RuntimeCounts, shar
             if drop_first_step:
                 keep[:: trace.n_steps] = False
             s_loads, s_rows, s_gpu = res.loads[keep], res.rows[keep], res.gpu_rows[keep]
-            h = counts.totals[(share, pol)]
-            n_dec = float(h[0, 4])
-            h_bytes = h[:, 1].sum() / n_dec
+            h = counts.totals[(share, pol)].copy()
+            # a layer holding every group runs its FFN on the device alone: no plan, no
+            # counters, every active neuron served by the cache; its active pairs are the
+            # workload's, so they are taken from the replay
+            full = (np.asarray(slots) == trace.n_ff // data.group_size) & (h[:, 4] == 0)
+            h[full, 2] = h[full, 3] = s_rows[:, full].sum(axis=0)
+            n_dec = float(h[:, 4].max())
+            h_bytes = h[:, 1].sum() / n_dec if n_dec else 0.0
             s_bytes = float(s_loads.sum()) * cost.group_bytes / keep.sum()
             h_hit = h[:, 3] / np.maximum(h[:, 2], 1)
             s_hit = s_gpu.sum(axis=0) / np.maximum(s_rows.sum(axis=0), 1)
@@ -87,7 +92,7 @@ def compare(data: SequenceData, cpu: CpuCalibration, counts: RuntimeCounts, shar
                          "max_layer_hit_rel_diff": max(hit_rel) if hit_rel else 0.0})
             for il in range(trace.n_layer):
                 per_layer.append({"budget_share": share, "policy": pol, "layer": il, "slots": slots[il],
-                                  "standin_loads_per_step": h[il, 0] / n_dec,
+                                  "standin_loads_per_step": h[il, 0] / n_dec if n_dec else 0.0,
                                   "sim_loads_per_step": float(s_loads[:, il].sum()) / keep.sum(),
                                   "standin_hit": h_hit[il], "sim_hit": s_hit[il]})
     return rows, per_layer

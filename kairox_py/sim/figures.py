@@ -4,7 +4,8 @@
         (or group) frequency rank, from the trace itself;
 * fig5  CPU work and PCIe load per step, static placement vs LRU, two budgets;
 * fig10 CPU time, I/O time (normalised to Top-K) and throughput: Top-K, TAM, adaptive TAM;
-* fig11 lambda over the decode steps of one sequence (layers 0, L/2, L-1) and reloads;
+* fig11 adaptive TAM's swap margin (and lambda) over the decode steps of one sequence
+        (layers 0, L/2, L-1) and reloads;
 * fig13 throughput against the VRAM budget for every policy.
 
 matplotlib is optional (the `plot` extra): without it only the CSVs are written.
@@ -22,7 +23,8 @@ from .traces import Trace
 
 POLICY_LABELS = {"static": "static (PowerInfer)", "lru": "LRU", "lfu": "LFU",
                  "topk": "Top-K (Q-Infer-like)", "eager": "eager (Neuralink-like)",
-                 "tam_fixed": "TAM (fixed lambda)", "tam": "adaptive TAM"}
+                 "tam_fixed": "TAM (fixed lambda)", "tam_lambda": "TAM (adaptive lambda)",
+                 "tam": "adaptive TAM"}
 
 
 def _plt():  # type: ignore[no-untyped-def]
@@ -206,28 +208,32 @@ def fig10(runs: Sequence[RunRecord], out: Path, presets: Sequence[str], budget: 
 
 
 def fig11(runs: Sequence[RunRecord], out: Path, preset: str, budget: float) -> list[Path]:
+    """The paper's Figure 11 (lambda over time) for what adaptive TAM adapts: its swap margin;
+    lambda is in the CSV too (constant but for tam_lambda)."""
     r = _find(runs, preset, budget, "tam")
     if r is None:
         return []
     L = r.first_lam.shape[1]
     layers = sorted({0, L // 2, L - 1})
-    rows = [[t, il, float(r.first_lam[t, il]), float(r.first_loads[t, il])]
+    rows = [[t, il, float(r.first_lam[t, il]), float(r.first_margin[t, il]), float(r.first_loads[t, il])]
             for t in range(r.first_lam.shape[0]) for il in layers]
-    paths = [_write_csv(out / "fig11_lambda.csv", ["step", "layer", "lambda", "reloads"], rows)]
+    paths = [_write_csv(out / "fig11_adaptation.csv", ["step", "layer", "lambda", "margin", "reloads"], rows)]
     plt = _plt()
     if plt:
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
         for il in layers:
-            axes[0].plot(r.first_lam[:, il], label=f"layer {il}", lw=1)
+            axes[0].plot(r.first_margin[:, il], label=f"layer {il}", lw=1)
             axes[1].plot(r.first_loads[:, il], label=f"layer {il}", lw=1)
-        axes[0].set_ylabel("decay factor lambda")
+        axes[0].set_ylabel("swap margin")
+        axes[0].set_yscale("log")
         axes[1].set_ylabel("reload I/O tasks (groups) per step")
         for ax in axes:
             ax.set_xlabel("decode step")
             ax.legend(fontsize=7)
-        fig.suptitle(f"Adaptive TAM, {preset}, budget {budget:g}, first sequence", fontsize=10)
+        fig.suptitle(f"Adaptive TAM, {preset}, budget {budget:g}, first sequence "
+                     f"(lambda {float(r.first_lam.mean()):.2f})", fontsize=10)
         fig.tight_layout()
-        p = out / "fig11_lambda.png"
+        p = out / "fig11_adaptation.png"
         fig.savefig(p, dpi=120)
         plt.close(fig)
         paths.append(p)

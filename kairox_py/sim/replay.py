@@ -289,6 +289,7 @@ class SimResult:
     late: np.ndarray  # (T, L) loads not landed in time (async)
     lam: np.ndarray  # (T, L) lambda used for the step
     feedback: np.ndarray  # (T, L) bottleneck fed back after the step
+    margin: np.ndarray  # (T, L) swap margin used for the step (adaptive TAM; 0 otherwise)
 
     @property
     def n_tokens(self) -> int:
@@ -317,6 +318,7 @@ class SimResult:
             "loads": float(self.loads.sum()) / self.n_tokens,
             "late_loads": float(self.late.sum()) / self.n_tokens,
             "lambda": float(self.lam.mean()),
+            "margin": float(self.margin.mean()),
             "io_bound": float((self.feedback == _lib.KAIROX_BOTTLENECK_IO).mean()),
             "cpu_bound": float((self.feedback == _lib.KAIROX_BOTTLENECK_CPU).mean()),
         }
@@ -333,7 +335,8 @@ class SimResult:
                         "hit_rate": float(self.gpu_rows[:, il].sum()) / r if r else 1.0,
                         "bytes": float(self.loads[:, il].sum()) * self.cost.group_bytes / n,
                         "loads": float(self.loads[:, il].sum()) / n,
-                        "lambda": float(self.lam[:, il].mean())})
+                        "lambda": float(self.lam[:, il].mean()),
+                        "margin": float(self.margin[:, il].mean())})
         return out
 
 
@@ -380,7 +383,7 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
         budgets = [int(round(cfg.budget * n_groups))] * L
     n_tok = sum(c.shape[0] for c in data.counts)
     rec = {k: np.zeros((n_tok, L), dtype=np.float32)
-           for k in ("cpu", "io", "ios", "cpus", "rows", "gpu", "loads", "late", "lam")}
+           for k in ("cpu", "io", "ios", "cpus", "rows", "gpu", "loads", "late", "lam", "margin")}
     fb_rec = np.zeros((n_tok, L), dtype=np.int8)
     token_us = np.zeros(n_tok)
     freq = data.group_freq().astype(np.float32).reshape(-1)
@@ -390,6 +393,7 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
         prev = np.empty_like(res)
         scores = np.zeros(L * n_groups, dtype=np.float32)
         lam = np.empty(L, dtype=np.float32)
+        margin = np.empty(L, dtype=np.float32)
         fb = np.zeros(L, dtype=np.int32)
         row = 0
         for counts in data.counts:
@@ -406,8 +410,9 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
             decide = decide.reshape(len(inten), -1)
             cf = counts.astype(np.float32)
             for t in range(counts.shape[0]):
-                bal.lambdas_into(lam)
                 bal.step_all(decide[t], fb)
+                bal.lambdas_into(lam)  # the values this step used (after its feedback)
+                bal.margins_into(margin)
                 bal.resident_into(res)
                 r2 = res.reshape(L, n_groups).view(bool)
                 new = r2 & ~prev.reshape(L, n_groups).view(bool)
@@ -422,12 +427,14 @@ def simulate(data: SequenceData, cost: CostModel, cfg: SimConfig) -> SimResult:
                 for k in ("cpu", "io", "ios", "cpus", "gpu", "late"):
                     rec[k][row] = per[k]
                 rec["rows"][row], rec["loads"][row], rec["lam"][row] = rows, n_load, lam
+                rec["margin"][row] = margin
                 fb = _classify(per["ios"], per["cpus"], per["late_us"], cfg.deadband_us)
                 fb_rec[row] = fb
                 prev, res = res, prev
                 row += 1
     return SimResult(cfg, cost, token_us, rec["cpu"], rec["io"], rec["ios"], rec["cpus"],
-                     rec["rows"], rec["gpu"], rec["loads"], rec["late"], rec["lam"], fb_rec)
+                     rec["rows"], rec["gpu"], rec["loads"], rec["late"], rec["lam"], fb_rec,
+                     rec["margin"])
 
 
 def _classify(io_stall: np.ndarray, cpu_stall: np.ndarray, late_us: np.ndarray,

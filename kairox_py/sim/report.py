@@ -27,6 +27,7 @@ class RunRecord:
     per_layer: list[dict[str, float]]
     per_token: dict[str, np.ndarray]  # (T,) series, all sequences concatenated
     first_lam: np.ndarray  # (steps of the first sequence, L)
+    first_margin: np.ndarray  # (steps of the first sequence, L)
     first_loads: np.ndarray
     first_cpu_rows: np.ndarray  # (steps,) summed over layers
     first_bytes: np.ndarray  # (steps,)
@@ -47,9 +48,10 @@ def run_one(data: SequenceData, cost: CostModel, cfg: SimConfig) -> RunRecord:
         "bytes": r.loads.sum(axis=1, dtype=np.float64) * cost.group_bytes,
         "loads": r.loads.sum(axis=1, dtype=np.float64),
         "lambda": r.lam.mean(axis=1),
+        "margin": r.margin.mean(axis=1),
     }
     return RunRecord(cfg, r.summary(), r.per_layer(), per_token, r.lam[:s0].copy(),
-                     r.loads[:s0].copy(), cpu_rows[:s0], per_token["bytes"][:s0])
+                     r.margin[:s0].copy(), r.loads[:s0].copy(), cpu_rows[:s0], per_token["bytes"][:s0])
 
 
 def run_grid(data: SequenceData, cpu: CpuCalibration, presets: Sequence[str],
@@ -75,7 +77,7 @@ def run_grid(data: SequenceData, cpu: CpuCalibration, presets: Sequence[str],
 # ---------------------------------------------------------------------------------------
 SUMMARY_COLUMNS = ("preset", "budget", "policy", "mode", "tokens", "tok_s", "token_ms", "cpu_ms",
                    "io_ms", "io_stall_ms", "cpu_stall_ms", "hit_rate", "cpu_rows", "mb_moved",
-                   "loads", "late_loads", "lambda", "io_bound", "cpu_bound")
+                   "loads", "late_loads", "lambda", "margin", "io_bound", "cpu_bound")
 
 
 def _fmt(v: object) -> str:
