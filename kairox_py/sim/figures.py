@@ -224,8 +224,7 @@ def fig11(runs: Sequence[RunRecord], out: Path, preset: str, budget: float) -> l
         for il in layers:
             axes[0].plot(r.first_margin[:, il], label=f"layer {il}", lw=1)
             axes[1].plot(r.first_loads[:, il], label=f"layer {il}", lw=1)
-        axes[0].set_ylabel("swap margin")
-        axes[0].set_yscale("log")
+        axes[0].set_ylabel("swap margin (0: none)")
         axes[1].set_ylabel("reload I/O tasks (groups) per step")
         for ax in axes:
             ax.set_xlabel("decode step")
