@@ -51,7 +51,11 @@ Writes under --out:
 * ``clients.csv``: tokens and tokens/s per mode, client count and client;
 * ``rss.csv``: the server's resident memory per second and mode (when the tool started it);
 * ``server-MODE.log``: the server's output (when the tool started it);
-* ``serve_load.png``: RSS over time and the latency CDFs (needs matplotlib).
+* ``serve_load.png``: RSS over time and the latency CDFs (needs matplotlib);
+* ``soak.csv``, ``soak.md`` (``--soak-window S``): per run, resident memory at the end against
+  the end of the warm-up (``--soak-warmup``), and the p99 inter-token gap of the last window
+  against the first after the warm-up; failed requests and slots still busy after the load
+  (``/slots``). A 30-minute soak: ``--clients 8 --duration 1800 --soak-window 300``.
 """
 from __future__ import annotations
 
@@ -59,6 +63,7 @@ import argparse
 import csv
 import ctypes
 import importlib.util
+import json
 import os
 import random
 import shlex
@@ -180,6 +185,7 @@ class ModeRun:
     results: list[RequestResult]
     rss: list[tuple[float, float]]  # (seconds since server start, MiB)
     rss_load_start: float | None  # seconds since server start when the load began
+    busy_slots: int | None = None  # slots still processing after the load (None: not known)
 
 
 class Collector:
@@ -290,7 +296,36 @@ def summarize(run: ModeRun, base: ModeRun | None) -> dict[str, str]:
         "rss_idle_mib": fmt(before[-1] if before else None),
         "rss_peak_mib": fmt(max(in_load, default=None)),
         "rss_end_mib": fmt(in_load[-1] if in_load else None),
+        "busy_slots_after": "" if run.busy_slots is None else str(run.busy_slots),
     }
+
+
+def soak_stats(run: ModeRun, warmup: float, window: float) -> dict[str, str]:
+    """A long run's stability after `warmup` seconds: resident memory at the end against the
+    end of the warm-up (drift), and the p99 gap between streamed tokens of the requests that
+    started in the first `window` seconds after the warm-up against those of the last."""
+    end = max((r.start + r.duration for r in run.results), default=0.0)
+    start_rss = run.rss_load_start or 0.0
+    after = [(t - start_rss, mib) for t, mib in run.rss if t >= start_rss]
+    at_warm = [mib for t, mib in after if t <= warmup]
+    rss_warm = at_warm[-1] if at_warm else None
+    rss_end = after[-1][1] if after else None
+    rss_peak = max((mib for t, mib in after if t > warmup), default=None)
+    first = [g for r in run.results if warmup <= r.start < warmup + window for g in r.gaps]
+    last = [g for r in run.results if r.start >= max(warmup, end - window) for g in r.gaps]
+    p_first, p_last = percentile(first, 99), percentile(last, 99)
+    drift = (rss_end - rss_warm) / rss_warm if rss_warm and rss_end is not None else None
+    ratio = p_last / p_first if p_first and p_last is not None else None
+    failed = sum(r.status == STATUS_FAILED for r in run.results)
+    ok = (failed == 0 and run.busy_slots in (0, None) and drift is not None and abs(drift) < 0.05
+          and ratio is not None and ratio <= 1.2)
+    return {"mode": run.mode, "clients": str(run.clients), "duration_s": fmt(run.wall),
+            "requests": str(len(run.results)), "failed": str(failed),
+            "busy_slots_after": "" if run.busy_slots is None else str(run.busy_slots),
+            "rss_after_warmup_mib": fmt(rss_warm), "rss_peak_mib": fmt(rss_peak), "rss_end_mib": fmt(rss_end),
+            "rss_drift_pct": fmt(None if drift is None else 100 * drift, 2),
+            "itl_p99_first_ms": ms(p_first), "itl_p99_last_ms": ms(p_last),
+            "itl_p99_last_over_first": fmt(ratio, 3), "stable": "yes" if ok else "no"}
 
 
 # ---------------------------------------------------------------------------- server
@@ -335,6 +370,22 @@ def health(url: str, timeout: float = 2.0) -> tuple[int | None, str]:
         return e.code, e.read().decode(errors="replace")
     except (urllib.error.URLError, OSError) as e:
         return None, str(getattr(e, "reason", e))
+
+
+def busy_slots(url: str, settle: float = 10.0) -> int | None:
+    """Slots still processing a request once the load is over (GET /slots), after up to
+    `settle` seconds for cancelled streams to be noticed; None when the server has no /slots."""
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/slots", timeout=5) as resp:
+                slots = json.loads(resp.read().decode())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        busy = sum(1 for sl in slots if isinstance(sl, dict) and sl.get("is_processing"))
+        if busy == 0 or time.monotonic() >= deadline:
+            return busy
+        time.sleep(0.5)
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
@@ -585,11 +636,13 @@ def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: 
     print(f"[{mode}] starting {server_cfg.binary.name} ({shlex.join(MODE_ARGS[mode]) or 'no Kairox option'})",
           flush=True)
     spans: list[tuple[int, float, list[RequestResult], float, float]] = []
+    busy: dict[int, int | None] = {}
     with running_server(server_cfg, mode, out) as (server_url, proc, log, sampler):
         sampler.sample()  # the idle server, just before the load
         for n in load.clients:
             start = sampler.elapsed()
             wall, results = run_load(server_url, mode, n, load, proc, log)
+            busy[n] = busy_slots(server_url)
             spans.append((n, wall, results, start, sampler.elapsed()))
             failed = [r for r in results if r.status == STATUS_FAILED]
             if failed:
@@ -598,7 +651,7 @@ def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: 
         rss = sampler.stop()
     # each run keeps the samples up to its end: the idle start and every load before it, so
     # that its RSS columns show growth across the runs of one server
-    return [ModeRun(mode, n, wall, results, [x for x in rss if x[0] <= end], start)
+    return [ModeRun(mode, n, wall, results, [x for x in rss if x[0] <= end], start, busy[n])
             for n, wall, results, start, end in spans]
 
 
@@ -678,6 +731,20 @@ def write_summaries(out: Path, runs: Sequence[ModeRun], load: LoadConfig, target
     return table
 
 
+def write_soak(out: Path, runs: Sequence[ModeRun], warmup: float, window: float) -> str:
+    """soak.csv and soak.md: every run's stability after the warm-up; returns the table."""
+    rows = [soak_stats(run, warmup, window) for run in runs]
+    header = list(rows[0].keys())
+    write_csv(out / "soak.csv", header, [[r[k] for k in header] for r in rows])
+    table = markdown_table(header, [[r[k] for k in header] for r in rows])
+    (out / "soak.md").write_text(
+        f"# serve_load soak\n\nWarm-up {warmup:g} s, windows of {window:g} s. Stable: no failed request, "
+        "no slot still processing after the load, resident memory at the end within 5% of the "
+        "end of the warm-up, and the p99 inter-token gap of the requests started in the last "
+        "window at most 1.2x that of the first window after the warm-up.\n\n" + table + "\n")
+    return table
+
+
 def write_plot(path: Path, runs: Sequence[ModeRun]) -> None:
     try:
         import matplotlib
@@ -750,6 +817,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds per request (default: 120)")
     p.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines (default: 5)")
     p.add_argument("--model-name", default="kairox", help="the `model` field of the requests (default: kairox)")
+    p.add_argument("--soak-window", type=float, default=None,
+                   help="also write soak.csv/soak.md: stability with windows of this many seconds")
+    p.add_argument("--soak-warmup", type=float, default=300.0,
+                   help="seconds of the load not judged by the soak (default: 300)")
     p.add_argument("--out", default=str(REPO / "bench-out" / "serve-load"), help="output folder (default: bench-out/serve-load)")
     return p.parse_args(argv)
 
@@ -850,6 +921,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               + (f" (original: {server_cfg.original.name})" if server_cfg.original else "")
                               if server_cfg else "")
         table = write_summaries(out, runs, load, target, argv)
+        if args.soak_window:
+            table += "\n\n" + write_soak(out, runs, args.soak_warmup, args.soak_window)
         write_plot(out / "serve_load.png", runs)
     except LoadError as e:
         print(f"serve_load: error: {e}", file=sys.stderr)
