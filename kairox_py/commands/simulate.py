@@ -76,7 +76,7 @@ def _names(text: str, allowed: dict | tuple, what: str, aliases: dict[str, str] 
               help=f"tam_lambda's highest lambda (default: {BalancerConfig.lambda_max}, or --lambda "
                    "when that is higher).")
 @click.option("--alpha", type=float, default=BalancerConfig.alpha, show_default=True,
-              help="Adaptation rate of the margin or lambda (and of the load cap).")
+              help="Adaptation rate of tam_lambda's lambda (and of the load cap).")
 @click.option("--eps", type=float, default=BalancerConfig.eps, show_default=True,
               help="One-hit-wonder margin: tau = (1 - lambda) + eps.")
 @click.option("--max-loads", type=click.IntRange(min=0), default=0, show_default=True,
