@@ -64,6 +64,7 @@ import csv
 import ctypes
 import importlib.util
 import json
+import math
 import os
 import random
 import shlex
@@ -183,8 +184,10 @@ class ModeRun:
     clients: int
     wall: float
     results: list[RequestResult]
-    rss: list[tuple[float, float]]  # (seconds since server start, MiB)
-    rss_load_start: float | None  # seconds since server start when the load began
+    rss: list[tuple[float, float]]  # its server's samples, shared by the runs of one server:
+    # (seconds since server start, MiB)
+    rss_load_start: float | None  # seconds since server start when this run's load began
+    rss_load_end: float | None  # ... and when it ended
     busy_slots: int | None = None  # slots still processing after the load (None: not known)
 
 
@@ -271,7 +274,7 @@ def summarize(run: ModeRun, base: ModeRun | None) -> dict[str, str]:
     ttfts = [r.ttft for r in res if r.ttft is not None]
     gaps = [g for r in res for g in r.gaps]
     per_client = [rate for _, _, _, rate in client_rates(run)]
-    in_load = [mib for t, mib in run.rss if run.rss_load_start is None or t >= run.rss_load_start]
+    in_load = [mib for t, mib in load_samples(run)]
     before = [mib for t, mib in run.rss if run.rss_load_start is not None and t < run.rss_load_start]
     return {
         "mode": run.mode,
@@ -300,13 +303,19 @@ def summarize(run: ModeRun, base: ModeRun | None) -> dict[str, str]:
     }
 
 
+def load_samples(run: ModeRun) -> list[tuple[float, float]]:
+    """The server's RSS samples taken during this run's load."""
+    lo = run.rss_load_start if run.rss_load_start is not None else -math.inf
+    hi = run.rss_load_end if run.rss_load_end is not None else math.inf
+    return [(t, mib) for t, mib in run.rss if lo <= t <= hi]
+
+
 def soak_stats(run: ModeRun, warmup: float, window: float) -> dict[str, str]:
     """A long run's stability after `warmup` seconds: resident memory at the end against the
     end of the warm-up (drift), and the p99 gap between streamed tokens of the requests that
     started in the first `window` seconds after the warm-up against those of the last."""
     end = max((r.start + r.duration for r in run.results), default=0.0)
-    start_rss = run.rss_load_start or 0.0
-    after = [(t - start_rss, mib) for t, mib in run.rss if t >= start_rss]
+    after = [(t - (run.rss_load_start or 0.0), mib) for t, mib in load_samples(run)]
     at_warm = [mib for t, mib in after if t <= warmup]
     rss_warm = at_warm[-1] if at_warm else None
     rss_end = after[-1][1] if after else None
@@ -631,7 +640,7 @@ def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: 
         runs = []
         for n in load.clients:
             wall, results = run_load(url, mode, n, load, None, None)
-            runs.append(ModeRun(mode, n, wall, results, [], None))
+            runs.append(ModeRun(mode, n, wall, results, [], None, None))
         return runs
     print(f"[{mode}] starting {server_cfg.binary.name} ({shlex.join(MODE_ARGS[mode]) or 'no Kairox option'})",
           flush=True)
@@ -649,10 +658,7 @@ def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: 
                 print(f"[{mode} x{n}] {len(failed)} failed requests, first: {failed[0].error} "
                       f"(server log: {log})", file=sys.stderr)
         rss = sampler.stop()
-    # each run keeps the samples up to its end: the idle start and every load before it, so
-    # that its RSS columns show growth across the runs of one server
-    return [ModeRun(mode, n, wall, results, [x for x in rss if x[0] <= end], start, busy[n])
-            for n, wall, results, start, end in spans]
+    return [ModeRun(mode, n, wall, results, rss, start, end, busy[n]) for n, wall, results, start, end in spans]
 
 
 # ---------------------------------------------------------------------------- output
@@ -674,18 +680,23 @@ def write_requests(path: Path, runs: Sequence[ModeRun]) -> None:
     write_csv(path, header, rows)
 
 
+def server_runs(runs: Sequence[ModeRun]) -> dict[str, list[ModeRun]]:
+    """The runs of each server (mode), in order."""
+    by: dict[str, list[ModeRun]] = {}
+    for run in runs:
+        by.setdefault(run.mode, []).append(run)
+    return by
+
+
 def write_rss(path: Path, runs: Sequence[ModeRun]) -> None:
-    """The samples of each server once (its last run holds them all), phase = the client
-    count whose load was running."""
-    last = {run.mode: run for run in runs}
-    starts = {mode: [(r.rss_load_start, r.clients) for r in runs if r.mode == mode] for mode in last}
+    """Each server's samples, phase = the client count whose load was running."""
     rows = []
-    for mode, run in last.items():
-        for t, mib in run.rss:
+    for mode, mine in server_runs(runs).items():
+        for t, mib in mine[0].rss:
             phase = "start"
-            for start, n in starts[mode]:
-                if start is not None and t >= start:
-                    phase = f"load x{n}"
+            for run in mine:
+                if run.rss_load_start is not None and t >= run.rss_load_start:
+                    phase = f"load x{run.clients}"
             rows.append([mode, f"{t:.2f}", f"{mib:.1f}", phase])
     write_csv(path, ["mode", "t_s", "rss_mib", "phase"], rows)
 
@@ -758,13 +769,11 @@ def write_plot(path: Path, runs: Sequence[ModeRun]) -> None:
     fig, axes = plt.subplots(1, 3 if with_rss else 2, figsize=(15 if with_rss else 10, 4))
     ax_ttft, ax_itl = axes[-2], axes[-1]
     if with_rss:
-        for run in runs:
-            ax = axes[0]
-            if run is not [r for r in runs if r.mode == run.mode][-1]:
-                continue  # a server's last run holds all its samples
-            ax.plot([t for t, _ in run.rss], [m for _, m in run.rss], label=run.mode)
-            if run.rss_load_start is not None:
-                ax.axvline(run.rss_load_start, color="grey", lw=0.5, ls=":")
+        for mode, mine in server_runs(runs).items():
+            axes[0].plot([t for t, _ in mine[0].rss], [m for _, m in mine[0].rss], label=mode)
+            for run in mine:
+                if run.rss_load_start is not None:
+                    axes[0].axvline(run.rss_load_start, color="grey", lw=0.5, ls=":")
         axes[0].set(title="server RSS", xlabel="s since server start", ylabel="MiB")
         axes[0].legend()
     for run in runs:
