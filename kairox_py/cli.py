@@ -29,6 +29,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("import_opt", "import_opt"),
     ("calibrate", "calibrate"),
     ("eval", "eval_cmd"),
+    ("passk", "passk"),
     ("trace", "trace"),
     ("simulate", "simulate"),
     ("workload", "workload"),
