@@ -11,10 +11,17 @@ A profile directory holds
   layer l's predictor reads row l-1);
 * ``hidden.npy``: float16 (n_layer, n_tokens, n_ff), act(gate)*up.
 
-Both are plain .npy files opened memory-mapped, so a 7B profile does not have to fit in
-RAM. Masks, thresholds, frequencies and co-activation are *derived* on demand from the
-hidden sample and a threshold (never stored): the same profile then serves every
-sparsity setting, and there is one source of truth.
+Both are plain .npy files, so a 7B profile does not have to fit in RAM. They are written
+and read with positioned file I/O, a chunk of rows at a time (`Profile.rows`,
+`Profile.chunks`), not through a memory map: pages touched through a map stay in the
+process's resident set until the kernel reclaims them, and a 7B profile's hidden array alone
+is 8 GB. (`Profile.inputs` / `.hidden` are still there as read-only maps for code that wants
+array slices.) Masks, thresholds, frequencies and co-activation are *derived* on demand from
+the hidden sample and a threshold (never stored): the same profile then serves every
+sparsity setting, and there is one source of truth. Thresholds are exact quantiles computed
+in one streaming pass per layer: |h| of a float16 profile takes at most 2^15 distinct values,
+so a histogram of the float16 bit patterns gives the same k-th smallest value as sorting
+(`LayerMagnitudes`).
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from tokenize import TokenError
@@ -44,6 +52,17 @@ DEFAULT_CTX = 512
 PROFILE_FILES = ("meta.json", "inputs.npy", "hidden.npy")
 MIN_CHUNK = 16  # shorter tail chunks carry too little context to be representative
 F16_MAX = 65504.0
+#: token rows per read of the streaming passes (a few tens of MB at a 7B's widths)
+CHUNK_TOKENS = 1024
+#: tokens per decode call while profiling (a chunk of DEFAULT_CTX is one call): the profiler's
+#: buffers, the logits and the graph's scale with it, and so does the speed (half of it costs
+#: about a sixth more time for 0.9 GB less on Qwen2.5-Coder-1.5B; docs/benchmarks/convert)
+DECODE_TOKENS = 512
+#: profile array kinds (file stems)
+KINDS = ("inputs", "hidden")
+_F16_PATTERNS = 1 << 16
+_F16_ABS_BITS = 0x7FFF  # the float16 bit pattern without its sign: |x|, ordered as an integer
+_BINCOUNT_SLICE = 1 << 18
 
 
 def file_sha256(path: Path, bufsize: int = 1 << 22) -> str:
@@ -123,14 +142,57 @@ class Profile:
     def n_tokens(self) -> int:
         return self.meta.n_tokens
 
+    def rows(self, kind: str, layer: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """A private copy of token rows [start, stop) of one layer of `kind` ("inputs" or
+        "hidden"), in the file's dtype, read from the file rather than through the map (see the
+        module docstring): the copy is freed with its last reference."""
+        if kind not in KINDS:
+            raise ValueError(f"profile arrays are {', '.join(KINDS)}, not {kind!r}")
+        arr = self.inputs if kind == "inputs" else self.hidden
+        stop = self.n_tokens if stop is None else min(stop, self.n_tokens)
+        start = max(0, min(start, stop))
+        if not arr.flags.c_contiguous:  # a Fortran-order .npy (not written by us): via the map
+            return np.array(arr[layer, start:stop])
+        width = arr.shape[2]
+        offset = arr.offset + (layer * self.n_tokens + start) * width * arr.dtype.itemsize
+        out = np.fromfile(self.dir / f"{kind}.npy", dtype=arr.dtype, count=(stop - start) * width,
+                          offset=offset)
+        return out.reshape(stop - start, width)
+
+    def chunks(self, kind: str, layer: int, size: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(first token, rows) of one layer, `size` tokens at a time (default CHUNK_TOKENS)."""
+        size = size or CHUNK_TOKENS
+        for start in range(0, self.n_tokens, size):
+            yield start, self.rows(kind, layer, start, start + size)
+
+    def mask_chunks(self, layer: int, threshold: float,
+                    size: int | None = None) -> Iterator[np.ndarray]:
+        """The boolean mask (tokens, n_ff) of one layer at `threshold`, `size` tokens at a time:
+        the rows of `mask()`."""
+        for _, h in self.chunks("hidden", layer, size):
+            mag = np.asarray(h, dtype=np.float32)
+            del h  # each chunk's arrays go before the next is read
+            np.abs(mag, out=mag)
+            mask = mag > threshold
+            del mag
+            yield mask
+
+    def layer_magnitudes(self, layer: int) -> LayerMagnitudes:
+        """One streaming pass over a layer's |act(gate)*up| (LayerMagnitudes)."""
+        acc = MagnitudeAccumulator(self.meta.n_ff)
+        for _, h in self.chunks("hidden", layer):
+            acc.add(h)
+        return acc.result()
+
     def predictor_input(self, layer: int) -> np.ndarray:
         """(n_tokens, n_embd) input of layer `layer`'s predictor: the previous layer's FFN
-        input (adjacent prediction); layer 0 reads its own."""
-        return self.inputs[max(layer - 1, 0)]
+        input (adjacent prediction); layer 0 reads its own. A private copy (Profile.rows)."""
+        return self.rows("inputs", max(layer - 1, 0))
 
     def magnitude(self, layer: int) -> np.ndarray:
-        """|act(gate)*up| of a layer as float32 (n_tokens, n_ff)."""
-        return np.abs(np.asarray(self.hidden[layer], dtype=np.float32))
+        """|act(gate)*up| of a layer as float32 (n_tokens, n_ff): a whole layer in float32, for
+        callers that want it at once (the converter streams instead)."""
+        return np.abs(np.asarray(self.rows("hidden", layer), dtype=np.float32))
 
     def thresholds(self, sparsity: float) -> np.ndarray:
         """Per-layer |act(gate)*up| thresholds that zero `sparsity` of the (token, neuron)
@@ -142,7 +204,7 @@ class Profile:
         if self.meta.activation == "relu":
             return out
         for layer in range(self.n_layer):
-            out[layer] = magnitude_quantile(self.magnitude(layer), sparsity)
+            out[layer] = self.layer_magnitudes(layer).quantile(sparsity)
         return out
 
     def mask(self, layer: int, threshold: float) -> np.ndarray:
@@ -157,6 +219,74 @@ def magnitude_quantile(mag: np.ndarray, q: float) -> float:
         return 0.0
     k = min(int(q * flat.size), flat.size - 1)
     return float(np.partition(flat, k)[k])
+
+
+def _kth_index(size: int, q: float) -> int | None:
+    """magnitude_quantile's rank k of the value returned (None: the quantile is 0)."""
+    if q <= 0 or size == 0:
+        return None
+    return min(int(q * size), size - 1)
+
+
+@dataclass(frozen=True)
+class LayerMagnitudes:
+    """A layer's |act(gate)*up| summarised in one pass: what thresholds and the predictor's
+    outlier rule need, with no (tokens, n_ff) array kept. `hist` counts |h| per float16 bit
+    pattern (float16 profiles); a profile of another float type keeps its `values` instead."""
+
+    peak: np.ndarray  # float32 (n_ff,): max |h| of each neuron
+    hist: np.ndarray | None  # int64 (65536,), indexed by the bit pattern of |h| as float16
+    values: np.ndarray | None  # float32, every |h| (only without a histogram)
+
+    @property
+    def size(self) -> int:
+        return int(self.hist.sum()) if self.hist is not None else int(self.values.size)  # type: ignore[union-attr]
+
+    def quantile(self, q: float) -> float:
+        """magnitude_quantile of the layer's |h|, exactly (the same k-th smallest value)."""
+        if self.hist is None:
+            assert self.values is not None
+            return magnitude_quantile(self.values, q)
+        k = _kth_index(self.size, q)
+        if k is None:
+            return 0.0
+        bits = int(np.searchsorted(np.cumsum(self.hist), k, side="right"))
+        return float(np.array(bits, dtype=np.uint16).view(np.float16))
+
+
+class MagnitudeAccumulator:
+    """Builds LayerMagnitudes from chunks of rows of h (any sign; |h| is taken here)."""
+
+    def __init__(self, n_ff: int) -> None:
+        self.peak = np.zeros(n_ff, dtype=np.float32)
+        self.hist: np.ndarray | None = np.zeros(_F16_PATTERNS, dtype=np.int64)
+        self.values: list[np.ndarray] = []
+
+    def add(self, h: np.ndarray) -> None:
+        if len(h) == 0:
+            return
+        if h.dtype == np.float16 and self.hist is not None:
+            bits = (np.ascontiguousarray(h).view(np.uint16) & np.uint16(_F16_ABS_BITS)).reshape(-1)
+            for i in range(0, bits.size, _BINCOUNT_SLICE):  # bincount makes an intp copy of its input
+                self.hist += np.bincount(bits[i:i + _BINCOUNT_SLICE], minlength=_F16_PATTERNS)
+            # |h|'s largest bit pattern is its largest value (a NaN's pattern is above every
+            # number's, as np.max propagates NaN)
+            top = bits.reshape(h.shape).max(axis=0).view(np.float16).astype(np.float32)
+            np.maximum(self.peak, top, out=self.peak)
+            return
+        # not float16 (profiles are written in float16; this is a fallback): keep the values
+        if self.hist is not None and self.hist.any():
+            raise ValueError("a layer's chunks must share one dtype")
+        self.hist = None
+        mag = np.abs(np.asarray(h, dtype=np.float32))
+        self.values.append(mag.reshape(-1))
+        np.maximum(self.peak, mag.max(axis=0), out=self.peak)
+
+    def result(self) -> LayerMagnitudes:
+        if self.hist is not None:
+            return LayerMagnitudes(self.peak, self.hist, None)
+        vals = np.concatenate(self.values) if self.values else np.zeros(0, np.float32)
+        return LayerMagnitudes(self.peak, None, vals)
 
 
 def check_model_supported(model: Model) -> str:
@@ -207,7 +337,9 @@ def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str
     out = check_output_dir(out_dir, PROFILE_FILES, "profile")
     t0 = time.monotonic()
     model_path = Path(model_path)
-    with Model(model_path) as model:
+    # weights read into the process (not mapped): a mapped file's pages that the CPU backend
+    # copies into its repacked layout would stay resident next to the copies
+    with Model(model_path, use_mmap=False) as model:
         arch = check_model_supported(model)
         n_layer, n_embd, n_ff = model.n_layer, model.n_embd, model.n_ff
         if model.n_ctx_train > 0:
@@ -219,12 +351,9 @@ def run_profile(model_path: str | os.PathLike[str], corpus: Corpus, out_dir: str
         check_free_space(out, needed)
         try:
             with atomic_dir(out) as tmp:
-                inputs = _open_array(tmp / "inputs.npy", (n_layer, total, n_embd))
-                hidden = _open_array(tmp / "hidden.npy", (n_layer, total, n_ff))
-                _capture(model, chunks, inputs, hidden, total, ctx, threads, console, activation)
-                inputs.flush()
-                hidden.flush()
-                del inputs, hidden
+                with RowWriter(tmp / "inputs.npy", (n_layer, total, n_embd)) as inputs, \
+                        RowWriter(tmp / "hidden.npy", (n_layer, total, n_ff)) as hidden:
+                    _capture(model, chunks, inputs, hidden, total, ctx, threads, console, activation)
                 meta = ProfileMeta(
                     version=PROFILE_VERSION, model_path=str(model_path.resolve()),
                     model_sha256=file_sha256(model_path), arch=arch,
@@ -261,13 +390,74 @@ def _open_array(path: Path, shape: tuple[int, ...]) -> np.memmap:
     return arr
 
 
-def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: np.ndarray,
+class RowWriter:
+    """A float16 (n_layer, n_tokens, width) .npy filled with positioned writes (os.pwrite), a
+    layer's rows at a time. Not through a map: mapped pages written stay in the process's
+    resident set until the kernel writes them back and reclaims them, which for a 7B profile
+    is gigabytes. The file is reserved on the disk first (_open_array); closing it syncs it to
+    the disk, as the map's flush did."""
+
+    def __init__(self, path: Path, shape: tuple[int, int, int]) -> None:
+        arr = _open_array(path, shape)
+        self.offset = int(arr.offset)
+        del arr
+        self.shape = shape
+        self.fd = os.open(path, os.O_WRONLY)
+
+    def write(self, layer: int, pos: int, rows: np.ndarray) -> None:
+        """Rows (take, width) of `layer` from token `pos` on, converted to float16."""
+        _, n_tokens, width = self.shape
+        data = np.ascontiguousarray(rows, dtype=np.float16)
+        if data.ndim != 2 or data.shape[1] != width or pos + len(data) > n_tokens:
+            raise ValueError(f"rows of shape {data.shape} at token {pos} do not fit {self.shape}")
+        view = memoryview(data.reshape(-1).view(np.uint8))
+        at = self.offset + (layer * n_tokens + pos) * width * 2
+        while view:
+            n = os.pwrite(self.fd, view, at)
+            view, at = view[n:], at + n
+
+    def close(self, sync: bool = True) -> None:
+        if self.fd < 0:
+            return
+        try:
+            if sync:
+                os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> RowWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.close(sync=exc_type is None)
+
+
+def _write_recorded(prof: Profiler, input_kind: str, n_layer: int, n: int, pos: int,
+                    inputs: RowWriter, hidden: RowWriter) -> None:
+    """The n tokens the profiler recorded in every layer, written from token `pos` on."""
+    for layer in range(n_layer):
+        x = prof.get(input_kind, layer)
+        h = prof.get("hidden", layer)
+        if x is None or h is None or len(x) < n or len(h) < n:
+            raise KairoxError(f"the profiler recorded nothing for layer {layer}: this "
+                              f"architecture's FFN is not visible to it")
+        inputs.write(layer, pos, np.clip(x[:n], -F16_MAX, F16_MAX))
+        hidden.write(layer, pos, np.clip(h[:n], -F16_MAX, F16_MAX))
+
+
+def _capture(model: Model, chunks: list[list[int]], inputs: RowWriter, hidden: RowWriter,
              total: int, ctx: int, threads: int | None, console: Console | None,
              activation: str = "model") -> None:
+    """Decode each chunk (a fresh context of up to `ctx` tokens) DECODE_TOKENS at a time and
+    write what the profiler recorded. The later parts of a chunk attend to the earlier ones
+    through the KV cache, as one decode's own tokens do; the profiler, the logits and the
+    graph's buffers are then sized for DECODE_TOKENS tokens, not the whole chunk."""
     n_layer = model.n_layer
     input_kind = ffn_input_kind(model.arch)
-    with Profiler(model, ctx, kinds=(input_kind, "hidden")) as prof, \
-            model.session(ContextParams(n_ctx=ctx, n_batch=ctx, mode="dense", profiler=prof,
+    step = min(DECODE_TOKENS, ctx)
+    with Profiler(model, step, kinds=(input_kind, "hidden")) as prof, \
+            model.session(ContextParams(n_ctx=ctx, n_batch=step, mode="dense", profiler=prof,
                                         n_threads=threads, activation=activation)) as s, \
             make_progress(console) as bar:
         task = bar.add_task("profiling", total=total)
@@ -277,16 +467,11 @@ def _capture(model: Model, chunks: list[list[int]], inputs: np.ndarray, hidden: 
             if take <= 0:
                 break
             s.reset()
-            prof.clear()
-            s.decode(chunk, all_logits=True)  # all outputs: the last layer keeps every token
-            for layer in range(n_layer):
-                x = prof.get(input_kind, layer)
-                h = prof.get("hidden", layer)
-                if x is None or h is None or len(x) < take or len(h) < take:
-                    raise KairoxError(f"the profiler recorded nothing for layer {layer}: this "
-                                      f"architecture's FFN is not visible to it")
-                inputs[layer, pos:pos + take] = np.clip(x[:take], -F16_MAX, F16_MAX)
-                hidden[layer, pos:pos + take] = np.clip(h[:take], -F16_MAX, F16_MAX)
+            for part in range(0, take, step):  # tokens past `take` cannot change those before
+                prof.clear()
+                toks = chunk[part:min(part + step, take)]
+                s.decode(toks, all_logits=True)  # all outputs: the last layer keeps every token
+                _write_recorded(prof, input_kind, n_layer, len(toks), pos + part, inputs, hidden)
             pos += take
             bar.update(task, completed=pos)
             pause_point("profile")  # test hook (outputs.pause_point): part of the arrays written
