@@ -23,9 +23,11 @@ def layer_rows(predictors: list[LayerPredictor | None],
             row.update(rank=p.rank, recall=round(p.recall, 4), precision=round(p.precision, 4),
                        predicted_density=round(p.density, 4),
                        mask_density=round(p.target_density, 4))
-        if not math.isnan(g.intra):
-            row.update(intra_metis=round(g.intra, 5), intra_random=round(g.intra_random, 5),
-                       intra_freq=round(g.intra_freq, 5))
+        if not math.isnan(g.intra_freq):  # reordered (not --no-reorder): the kept grouping's scores
+            row.update(grouping=g.method, intra_freq=round(g.intra_freq, 5),
+                       intra_random=round(g.intra_random, 5))
+            if not math.isnan(g.intra):  # METIS tried on this layer
+                row["intra_metis"] = round(g.intra, 5)
         rows.append(row)
     return rows
 
