@@ -19,6 +19,7 @@ from ..llama import default_threads
 from ..offline.calibrate import measure, write_share
 from ..offline.convert import (
     DEFAULT_DOWN_TYPE,
+    DEFAULT_MAX_PRED_DENSITY,
     DEFAULT_MODE,
     DEFAULT_PRED_DOWN_SCALE,
     DEFAULT_RECALL,
@@ -72,6 +73,10 @@ def _given(param: str) -> bool:
               help="The model's default sparse mode (kairox.mode).")
 @activation_option("profiled with and written as kairox.activation")
 @click.option("--no-predictor", is_flag=True, help="Do not train predictors.")
+@click.option("--max-pred-density", type=click.FloatRange(0.0, 1.0, min_open=True),
+              default=DEFAULT_MAX_PRED_DENSITY, show_default=True,
+              help="Write no predictors where they select more than this share of the neurons at "
+                   "--recall (decided on a few sampled layers first, then on all; 1: keep them).")
 @click.option("--no-reorder", is_flag=True, help="Keep the original neuron order.")
 @click.option("--epochs", type=click.IntRange(min=1), default=TrainConfig.epochs,
               show_default=True, help="Predictor training epochs.")
@@ -96,7 +101,8 @@ def _given(param: str) -> bool:
                    "calibrate; seconds on small models, a few minutes on 7B).")
 def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: tuple[str, ...],
             tokens: int, sparsity: float, recall: float, group_size: int, down_type: str,
-            mode: str, activation: str, no_predictor: bool, no_reorder: bool, epochs: int, pred_type: str,
+            mode: str, activation: str, no_predictor: bool, max_pred_density: float, no_reorder: bool,
+            epochs: int, pred_type: str,
             pred_down_scale: float, self_text: int | None, report_dir: str | None, threads: int | None,
             calibrate: bool) -> None:
     """Convert IN.gguf into a Kairox GGUF at OUT.gguf (written atomically)."""
@@ -107,7 +113,7 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
                           down_type=down_type.lower(), mode=mode, predictor=not no_predictor,
                           pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=not no_reorder,
                           tokens=tokens, threads=threads, train=TrainConfig(recall=recall, epochs=epochs),
-                          self_text=self_text, activation=activation,
+                          self_text=self_text, activation=activation, max_pred_density=max_pred_density,
                           profile_match_corpus=_given("corpus"), profile_match_tokens=_given("tokens"))
     text = load_corpus(list(corpus), "profile")
     out = Path(output_path)

@@ -6,6 +6,20 @@ calibrate per-layer thresholds for the target sparsity (|act(gate)*up| and, for 
 and, with pymetis, a METIS co-activation partition; grouping.py) and reorder gate/up rows,
 down_t rows and predictor outputs consistently; write the new GGUF.
 
+Scale: every stage works a layer at a time and reads the profile a chunk of tokens at a time
+(profile.Profile.rows), so what it holds is about one layer's share of the profile (in
+float16 where that suffices) and nothing grows with the number of layers but the results.
+Two decisions are made on a sample of layers (probe_layers) before the rest is done:
+predictors are trained on the sampled layers first, and where they select more than
+``max_pred_density`` of the neurons (at the recall asked for) the rest is not trained and the
+file is written without predictors (a predictor that computes nearly every neuron saves
+nothing and costs its own reads; predictor mode is then refused); METIS is tried on the
+sampled layers, and where it keeps measurably more co-activation inside groups on none of
+them, the other layers take the frequency grouping without it (grouping.py). The input's
+weights are read from the file where the conversion computes with them (CATS thresholds),
+and the pages the writer reads through the reader's map are dropped once the file is
+written, before the crossover calibration maps the output.
+
 The output is written to a temporary file in the output's directory (``.OUT.tmp-PID``) and
 renamed into place only when complete (``os.replace``; `before_publish` runs on the finished
 temporary first, e.g. the CLI's crossover calibration), so an error, Ctrl-C or a kill never
@@ -21,10 +35,11 @@ converted model run dense gives the original logits bit for bit.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,21 +70,24 @@ from ..outputs import (
     temp_sibling,
 )
 from ..progress import make_progress
+from .blas import blas_threads
 from .corpus import Corpus
 from .grouping import (
     DEFAULT_GROUP_SIZE,
     METHOD_FREQUENCY,
     METHOD_METIS,
     LayerGrouping,
+    activation_frequency,
     check_group_size,
-    group_layer,
+    group_layer_stream,
     identity_grouping,
     metis_available,
 )
-from .predictor import LayerPredictor, TrainConfig, train_layer
+from .predictor import LayerPredictor, TrainConfig, profile_layer_data, train_on
 from .profile import (
     DEFAULT_CTX,
     DEFAULT_TOKENS,
+    LayerMagnitudes,
     Profile,
     default_profile_dir,
     file_sha256,
@@ -99,6 +117,17 @@ DEFAULT_PRED_DOWN_SCALE = 0.5
 # predictions on the default model), else F16
 PRED_TYPES = ("auto", "f16", "f32", "q8_0", "q4_0")
 _FLOAT_PRED_TYPES = {"f16": np.float16, "f32": np.float32}
+# Predictors that select more than this share of the neurons (on held-out tokens, at the
+# recall asked for) are not written: predictor mode would compute nearly every neuron and
+# read the predictors besides. 1 keeps them whatever they select.
+DEFAULT_MAX_PRED_DENSITY = 0.8
+# Layers sampled, evenly over the depth, for the decisions made before the other layers are
+# done (predictors kept or not; METIS tried or not)
+PROBE_LAYERS = 3
+# CATS thresholds are the quantile of |act(gate)| over at most this many profiled tokens
+# (evenly spaced): gate is recomputed there, a matmul per token, and the quantile of millions
+# of values does not need every token
+CATS_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -126,6 +155,8 @@ class ConvertOptions:
     # the FFN activation: "model" (the GGUF's kairox.activation, else the architecture's) or
     # an override ("relu" for a ReLU-fied llama), profiled with and written as kairox.activation
     activation: str = "model"
+    # predictors selecting more of the neurons than this are not written (DEFAULT_MAX_PRED_DENSITY)
+    max_pred_density: float = DEFAULT_MAX_PRED_DENSITY
 
 
 @dataclass
@@ -141,6 +172,8 @@ class ConvertResult:
     input_bytes: int
     output_bytes: int
     mode: str  # the model's default sparse mode as written (kairox.mode)
+    # why trained predictors were not written (they selected too many neurons); None otherwise
+    predictor_note: str | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -226,6 +259,8 @@ def check_options(opts: ConvertOptions, inp: InputModel) -> None:
                           f"use --mode predictor or threshold")
     if opts.mode == "predictor" and not opts.predictor:
         raise KairoxError("--mode predictor needs predictors (drop --no-predictor)")
+    if not 0.0 < opts.max_pred_density <= 1.0:
+        raise KairoxError(f"--max-pred-density must be in (0, 1], got {opts.max_pred_density}")
     if opts.pred_type not in PRED_TYPES:
         raise KairoxError(f"predictor type must be one of {', '.join(PRED_TYPES)}")
     check_group_size(inp.n_ff, opts.group_size)
@@ -256,21 +291,144 @@ def _act(name: str, x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0.0)
 
 
+def read_tensor(inp: InputModel, t: ReaderTensor) -> np.ndarray:
+    """A tensor's data as a private copy read from the file, not through the reader's map:
+    pages read through the map would stay in the resident set, a model's worth by the end."""
+    data = t.data
+    return np.fromfile(inp.reader.data.filename, dtype=data.dtype, count=data.size,
+                       offset=t.data_offset).reshape(data.shape)
+
+
+def sample_tokens(n_tokens: int, limit: int) -> np.ndarray:
+    """At most `limit` token indices evenly spread over the sample (all of them if fewer)."""
+    if n_tokens <= limit:
+        return np.arange(n_tokens)
+    return np.unique(np.linspace(0, n_tokens - 1, limit).round().astype(np.int64))
+
+
 def cats_thresholds(inp: InputModel, prof: Profile, sparsity: float, activation: str,
-                    tick: Callable[[], None] | None = None) -> np.ndarray:
-    """Per-layer |act(gate)| thresholds. The profiler records the FFN input, so gate is
-    recomputed here as one matmul with the dequantized gate weights (no transformer
-    re-implementation: just that layer's gate projection of recorded inputs)."""
+                    tick: Callable[[], None] | None = None, max_tokens: int = CATS_TOKENS) -> np.ndarray:
+    """Per-layer |act(gate)| thresholds over at most `max_tokens` profiled tokens. The profiler
+    records the FFN input, so gate is recomputed here as one matmul with the dequantized gate
+    weights (no transformer re-implementation: just that layer's gate projection of recorded
+    inputs)."""
     out = np.zeros(inp.n_layer, dtype=np.float32)
+    rows = sample_tokens(prof.n_tokens, max_tokens)
     for il in range(inp.n_layer):
         if activation != "relu" and inp.arch not in fmt.UNGATED_ARCHES:  # no gate: no CATS
             t = inp.tensors[f"blk.{il}.ffn_gate.weight"]
-            wg = dequantize(t.data, t.tensor_type)  # (n_ff, n_embd)
-            x = np.asarray(prof.inputs[il], dtype=np.float32)
+            wg = dequantize(read_tensor(inp, t), t.tensor_type)  # (n_ff, n_embd)
+            x = np.asarray(prof.rows("inputs", il)[rows], dtype=np.float32)
             out[il] = magnitude_quantile(np.abs(_act(activation, x @ wg.T)), sparsity)
         if tick:
             tick()
     return out
+
+
+def probe_layers(n_layer: int, k: int = PROBE_LAYERS) -> list[int]:
+    """k layers spread evenly over the depth (the middle of k equal spans): the sample the
+    predictor and METIS decisions are made on."""
+    k = max(1, min(k, n_layer))
+    return sorted({int((i + 0.5) * n_layer / k) for i in range(k)})
+
+
+def _layer_list(layers: Sequence[int]) -> str:
+    return ("layer " if len(layers) == 1 else "layers ") + ", ".join(str(il) for il in layers)
+
+
+def predictor_verdict(preds: Sequence[LayerPredictor], opts: ConvertOptions, where: str) -> str | None:
+    """Why predictors are not worth writing (their mean predicted density exceeds
+    opts.max_pred_density), or None where they are."""
+    dens = float(np.mean([p.density for p in preds]))
+    if dens <= opts.max_pred_density:
+        return None
+    return (f"predictors select {dens:.0%} of the neurons at recall {opts.recall:g} ({where}), over "
+            f"--max-pred-density {opts.max_pred_density:g}: not used")
+
+
+def train_predictors(prof: Profile, mags: Sequence[LayerMagnitudes], thr: np.ndarray,
+                     opts: ConvertOptions, console: Console | None
+                     ) -> tuple[list[LayerPredictor | None], str | None]:
+    """Every layer's predictor, or none with the reason (predictor_verdict): the sampled
+    layers (probe_layers) are trained first and decide whether the rest is trained at all;
+    then all layers together decide. Predictor mode asked for with predictors that are not
+    used is an error, raised as soon as that is known."""
+    n_layer = prof.n_layer
+    probe = probe_layers(n_layer)
+    rest = [il for il in range(n_layer) if il not in probe]
+    out: list[LayerPredictor | None] = [None] * n_layer
+    n_ranks = len(opts.train.ranks)
+    # one BLAS thread: mini-batch products gain little from more, and lose much on busy cores
+    with make_progress(console) as bar, blas_threads(1):
+        task = bar.add_task("training predictors", total=n_layer * n_ranks)
+        done = 0
+
+        def train(layers: Sequence[int]) -> list[LayerPredictor]:
+            nonlocal done
+            for il in layers:
+                data = profile_layer_data(prof, il, mags[il], opts.train)
+                out[il] = train_on(data, float(thr[il]), opts.train, lambda _rank: bar.advance(task))
+                done += n_ranks  # ranks not tried (a larger one that did not pay) count as done
+                bar.update(task, completed=done)
+            return [p for p in (out[il] for il in layers) if p is not None]
+
+        note = predictor_verdict(train(probe), opts, f"{len(probe)} sampled {_layer_list(probe)}")
+        if note is None:
+            train(rest)
+            note = predictor_verdict([p for p in out if p is not None], opts, "all layers")
+    if note is None:
+        return out, None
+    if opts.mode == "predictor":
+        raise KairoxError(f"{note.removesuffix(': not used')}: predictor mode would compute nearly "
+                          f"every neuron; convert with --mode threshold (written without "
+                          f"predictors), or keep them with --max-pred-density 1")
+    if console is not None:
+        console.print(f"[yellow]note:[/] {note}")
+    return [None] * n_layer, note
+
+
+def group_layers(prof: Profile, thr: np.ndarray, opts: ConvertOptions, n_ff: int,
+                 console: Console | None) -> list[LayerGrouping]:
+    """Every layer's grouping (grouping.py), from the masks a chunk of tokens at a time. METIS
+    is tried on the sampled layers (probe_layers) and on the others only if it was kept on
+    one of those; the original order with --no-reorder."""
+    n_layer = prof.n_layer
+    out: list[LayerGrouping | None] = [None] * n_layer
+    probe = probe_layers(n_layer) if opts.reorder else []
+    with make_progress(console) as bar:
+        task = bar.add_task("grouping" if opts.reorder else "group frequencies", total=n_layer)
+        for il in probe:
+            out[il] = _group_one(prof, il, float(thr[il]), opts, n_ff, True)
+            bar.advance(task)
+        use_metis = any(g is not None and g.method == METHOD_METIS for g in out)
+        for il in range(n_layer):
+            if out[il] is None:
+                out[il] = _group_one(prof, il, float(thr[il]), opts, n_ff, use_metis)
+                bar.advance(task)
+    return [g for g in out if g is not None]
+
+
+def _group_one(prof: Profile, il: int, thr: float, opts: ConvertOptions, n_ff: int,
+               use_metis: bool) -> LayerGrouping:
+    def chunks() -> Iterator[np.ndarray]:
+        return prof.mask_chunks(il, thr)
+
+    if not opts.reorder:
+        return identity_grouping(n_ff, opts.group_size, activation_frequency(chunks(), n_ff))
+    return group_layer_stream(chunks, n_ff, opts.group_size, use_metis=use_metis)
+
+
+def release_pages(reader: GGUFReader) -> None:
+    """Drop the pages of the input that were read through the reader's map from this process's
+    resident set (MADV_DONTNEED on a read-only file map: the page cache keeps them, and a later
+    read faults them back in). Where the platform has no madvise this does nothing."""
+    mm = getattr(reader.data, "_mmap", None)
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if mm is not None and advice is not None and hasattr(mm, "madvise"):
+        try:
+            mm.madvise(advice)
+        except (OSError, ValueError):
+            pass  # only a memory optimisation
 
 
 # ---------------------------------------------------------------------------------------
@@ -560,42 +718,20 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     n_layer = inp.n_layer
 
     t = time.monotonic()
-    with make_progress(console) as bar:
-        task = bar.add_task("calibrating", total=2 * n_layer)
-        thr = np.zeros(n_layer, dtype=np.float32)
-        if activation != "relu":
-            for il in range(n_layer):
-                thr[il] = magnitude_quantile(prof.magnitude(il), opts.sparsity)
-                bar.advance(task)
-        else:
-            bar.advance(task, n_layer)
-        cats = cats_thresholds(inp, prof, opts.sparsity, activation, lambda: bar.advance(task))
+    thr, cats, mags = calibrate_thresholds(inp, prof, opts, activation, console)
     seconds["calibrate"] = time.monotonic() - t
 
     predictors: list[LayerPredictor | None] = [None] * n_layer
+    pred_note = None
     pause_point("predictors")  # test hook (outputs.pause_point): the profile is complete
     if opts.predictor:
         t = time.monotonic()
-        with make_progress(console) as bar:
-            task = bar.add_task("training predictors", total=n_layer)
-            for il in range(n_layer):
-                predictors[il] = train_layer(prof.predictor_input(il), prof.magnitude(il),
-                                             float(thr[il]), opts.train)
-                bar.advance(task)
+        predictors, pred_note = train_predictors(prof, mags, thr, opts, console)
         seconds["predictors"] = time.monotonic() - t
+    del mags
 
     t = time.monotonic()
-    groupings: list[LayerGrouping] = []
-    with make_progress(console) as bar:
-        task = bar.add_task("grouping" if opts.reorder else "group frequencies", total=n_layer)
-        for il in range(n_layer):
-            mask = prof.mask(il, thr[il])
-            if opts.reorder:
-                groupings.append(group_layer(mask, opts.group_size))
-            else:
-                groupings.append(identity_grouping(inp.n_ff, opts.group_size,
-                                                   mask.mean(axis=0)))
-            bar.advance(task)
+    groupings = group_layers(prof, thr, opts, inp.n_ff, console)
     seconds["grouping"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -603,11 +739,12 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     kv = kairox_metadata(opts, n_layer, thr, cats, predictors, override)
     plan = plan_tensors(inp, opts, groupings, predictors)
     res = ConvertResult(out_p, pdir, reused, thr, cats, predictors, groupings, seconds,
-                        in_p.stat().st_size, 0, opts.mode)
+                        in_p.stat().st_size, 0, opts.mode, pred_note)
 
     def finish(tmp: Path) -> None:
         res.output_bytes = tmp.stat().st_size
         seconds["write"] = time.monotonic() - t
+        release_pages(inp.reader)  # before the crossover maps the output
         if before_publish is not None:
             before_publish(tmp, res)
 
@@ -615,6 +752,28 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
                frozenset({fmt.KEY_ACTIVATION}) if override else frozenset(), before_publish=finish)
     seconds["total"] = time.monotonic() - t0
     return res
+
+
+def calibrate_thresholds(inp: InputModel, prof: Profile, opts: ConvertOptions, activation: str,
+                         console: Console | None
+                         ) -> tuple[np.ndarray, np.ndarray, list[LayerMagnitudes]]:
+    """(|act(gate)*up| thresholds, CATS thresholds, each layer's LayerMagnitudes) at
+    opts.sparsity: one streaming pass per layer gives the exact quantile (and what the
+    predictors' outlier rule needs). ReLU: thresholds 0."""
+    n_layer = inp.n_layer
+    thr = np.zeros(n_layer, dtype=np.float32)
+    mags: list[LayerMagnitudes] = []
+    need = activation != "relu" or opts.predictor
+    with make_progress(console) as bar:
+        task = bar.add_task("calibrating", total=2 * n_layer)
+        for il in range(n_layer):
+            if need:
+                mags.append(prof.layer_magnitudes(il))
+                if activation != "relu":
+                    thr[il] = mags[il].quantile(opts.sparsity)
+            bar.advance(task)
+        cats = cats_thresholds(inp, prof, opts.sparsity, activation, lambda: bar.advance(task))
+    return thr, cats, mags
 
 
 def _drop_unreadable_cache_entry(pdir: Path, console: Console | None) -> None:
@@ -651,6 +810,9 @@ def grouping_rows(groupings: Sequence[LayerGrouping]) -> list[tuple[str, str]]:
     else:
         kept = (f"frequency in {len(g) - n_metis} layers, METIS in {n_metis} "
                 "(where it keeps measurably more co-activation inside groups)")
+        if len(metis) < len(g):
+            kept += (f"; METIS tried on {len(metis)} sampled layers, better on none: not run on "
+                     f"the other {len(g) - len(metis)}")
         metis_s = f"{np.mean(metis):.4f}"
     scores = (f"{np.mean([x.intra_freq for x in g]):.4f} / {metis_s} / "
               f"{np.mean([x.intra_random for x in g]):.4f}")
@@ -665,6 +827,8 @@ def summary_rows(res: ConvertResult) -> list[tuple[str, str]]:
     rows = [("output", str(res.output)), ("size", size),
             ("profile", f"{res.profile_dir} ({'reused' if res.profile_reused else 'new'})"),
             ("default mode", res.mode)]
+    if res.predictor_note:
+        rows.append(("predictors", res.predictor_note))
     if preds:
         ranks = [p.rank for p in preds]
         rows += [("predictor rank (min/mean/max)",
