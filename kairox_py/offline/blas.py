@@ -17,6 +17,7 @@ import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 # (set, get) function names of the OpenBLAS builds numpy ships or links
 _SYMBOLS = (
@@ -28,7 +29,7 @@ _SYMBOLS = (
 
 
 @functools.lru_cache(maxsize=1)
-def _controls() -> tuple[tuple[ctypes._CFuncPtr, ctypes._CFuncPtr], ...]:
+def _controls() -> tuple[tuple[Any, Any], ...]:
     """(set, get) of every OpenBLAS loaded in this process (numpy imported first)."""
     import numpy  # noqa: F401 - loads numpy's BLAS, whose functions are looked up here
 

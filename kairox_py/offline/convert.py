@@ -295,7 +295,9 @@ def read_tensor(inp: InputModel, t: ReaderTensor) -> np.ndarray:
     """A tensor's data as a private copy read from the file, not through the reader's map:
     pages read through the map would stay in the resident set, a model's worth by the end."""
     data = t.data
-    return np.fromfile(inp.reader.data.filename, dtype=data.dtype, count=data.size,
+    path = inp.reader.data.filename
+    assert path is not None  # the reader maps a file
+    return np.fromfile(path, dtype=data.dtype, count=data.size,
                        offset=t.data_offset).reshape(data.shape)
 
 

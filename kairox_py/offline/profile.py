@@ -410,7 +410,7 @@ class RowWriter:
         data = np.ascontiguousarray(rows, dtype=np.float16)
         if data.ndim != 2 or data.shape[1] != width or pos + len(data) > n_tokens:
             raise ValueError(f"rows of shape {data.shape} at token {pos} do not fit {self.shape}")
-        view = memoryview(data.reshape(-1).view(np.uint8))
+        view = data.data.cast("B")
         at = self.offset + (layer * n_tokens + pos) * width * 2
         while view:
             n = os.pwrite(self.fd, view, at)
