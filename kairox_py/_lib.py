@@ -910,6 +910,14 @@ def ggml_backend_dev_get(index: int, /) -> int | None: ...
 def ggml_backend_dev_type(device: Handle, /) -> int: ...
 
 
+# bool ggml_backend_cpu_kairox_rows_faster(enum ggml_type type);
+@ctypes_function("ggml_backend_cpu_kairox_rows_faster", [c_enum], c_bool)
+def ggml_backend_cpu_kairox_rows_faster(type: int, /) -> bool:
+    """Whether the sparse row kernels read a whole matrix of this ggml type faster than the CPU
+    backend's repacked layout on this machine (then the loader keeps it in plain rows)."""
+    ...
+
+
 # ggml_backend_buffer_type_t ggml_backend_cpu_buffer_type(void);
 @ctypes_function("ggml_backend_cpu_buffer_type", [], c_void_p)
 def ggml_backend_cpu_buffer_type() -> int | None: ...

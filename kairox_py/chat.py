@@ -34,7 +34,7 @@ from typing import Any, Literal, TypedDict, cast, overload
 
 from .errors import KairoxError
 from .gguf_info import inspect_gguf
-from .llama import ContextParams, Model, SamplingParams, Session, has_gpu
+from .llama import ROW_MODES, ContextParams, Model, SamplingParams, Session, has_gpu
 
 #: roles a message may have (those of the OpenAI chat API that carry plain text)
 ROLES = ("system", "user", "assistant")
@@ -229,7 +229,7 @@ class ChatModel:
             # a Kairox GGUF run sparse on a GPU machine keeps its FFN weights in host memory,
             # where the sparse kernels read them (as `kairox run` places them)
             on_host = mode != "dense" and has_gpu() and inspect_gguf(path).has_kairox_data
-            self._model, self._owns_model = Model(path, ffn_on_host=on_host), True
+            self._model, self._owns_model = Model(path, ffn_on_host=on_host, ffn_rows=mode in ROW_MODES), True
         try:
             train = self._model.n_ctx_train
             cap = n_ctx if n_ctx is not None else min(train, DEFAULT_N_CTX) if train > 0 else DEFAULT_N_CTX

@@ -82,6 +82,11 @@ def has_gpu() -> bool:
 # the sparse path's ffn_down_t), as a tensor-override regex: not ffn_norm, whose one multiply
 # would otherwise cost each layer a device-to-host round trip
 FFN_WEIGHTS = "ffn_(up|gate|down)"
+# The matrices the sparse ops of predictor and CATS mode read by rows: kept out of the CPU
+# backend's repacked layout, which only its own dense kernels read
+FFN_ROWS = "ffn_(up|gate)"
+#: sparse modes that select rows of ffn_gate/ffn_up (threshold mode reads them whole)
+ROW_MODES = ("predictor", "cats")
 
 
 class Model:
@@ -93,24 +98,32 @@ class Model:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, n_gpu_layers: int | None = None,
-                 vocab_only: bool = False, use_mmap: bool = True, ffn_on_host: bool = False) -> None:
+                 vocab_only: bool = False, use_mmap: bool = True, ffn_on_host: bool = False,
+                 ffn_rows: bool = False) -> None:
         """ffn_on_host: with a GPU, every layer goes to it except the FFN weights (ffn_up, ffn_gate,
         ffn_down, the sparse path's ffn_down_t), which stay in host memory: the hybrid runtime's
         placement (dense parts on the device, FFN neurons on the CPU and in the device's group
-        cache). Without a GPU it changes nothing."""
+        cache). Without a GPU it keeps ffn_gate/ffn_up in plain rows, as ffn_rows does.
+
+        ffn_rows: keep ffn_gate/ffn_up in plain rows. The library repacks them (where the CPU
+        backend has a faster layout for their type) unless the model's own mode reads them by
+        rows; a Kairox GGUF whose mode is threshold, run in predictor or CATS mode (ROW_MODES) or
+        by the hybrid runtime, needs this for sparse speed (without it those modes compute the
+        rows dense and mask them)."""
         self.path = Path(path)
         _check_gguf_file(self.path)
         params = _lib.llama_model_default_params()
         if n_gpu_layers is not None:
             params.n_gpu_layers = n_gpu_layers
         self._overrides = None  # kept alive while the model loads
-        if ffn_on_host and has_gpu():
+        on_gpu = ffn_on_host and has_gpu()
+        if on_gpu or ffn_on_host or ffn_rows:
             arr = (_lib.llama_model_tensor_buft_override * 2)()
-            arr[0].pattern = FFN_WEIGHTS.encode()
-            arr[0].buft = _lib.ggml_backend_cpu_buffer_type()
+            arr[0].pattern = (FFN_WEIGHTS if on_gpu else FFN_ROWS).encode()
+            arr[0].buft = _lib.ggml_backend_cpu_buffer_type()  # plain rows in host memory
             self._overrides = arr
             params.tensor_buft_overrides = ctypes.cast(arr, ctypes.c_void_p)
-            if n_gpu_layers is None:
+            if on_gpu and n_gpu_layers is None:
                 params.n_gpu_layers = 999
         params.vocab_only = vocab_only
         if not use_mmap:

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
 
-    with Model(kx_path) as model:
+    with Model(kx_path, ffn_rows=True) as model:
         L, n_ff = model.n_layer, model.n_ff
         kx = read_kairox(kx_path, L, n_ff)
         gs = kx.group_size

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import KairoxError
-from ..llama import ContextParams, Model, Session
+from ..llama import ROW_MODES, ContextParams, Model, Session
 from ..offline.corpus import prompt_lines
 
 SUMMARY_BEGIN = "=== KAIROX BENCH SUMMARY ==="
@@ -238,7 +238,7 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str], None] | None = None) -
         if gm not in ("standard", "speculative"):
             raise KairoxError(f"unknown generation mode {gm!r}")
     dense_m = Model(cfg.dense_model, use_mmap=cfg.use_mmap)
-    sparse_m = Model(cfg.sparse_model, use_mmap=cfg.use_mmap)
+    sparse_m = Model(cfg.sparse_model, use_mmap=cfg.use_mmap, ffn_rows=cfg.sparse_mode in ROW_MODES)
     try:
         if not sparse_m.has_sparsity:
             raise KairoxError(f"{cfg.sparse_model} carries no Kairox sparsity data (kairox convert it)")
@@ -475,7 +475,7 @@ class OpProfile:
 def profile_ops(model_path: Path, params: ContextParams, prompts: Sequence[list[int]], n_predict: int,
                 system: str, use_mmap: bool) -> OpProfile:
     """Time every graph node during standard greedy decoding (prefill excluded)."""
-    with Model(model_path, use_mmap=use_mmap) as m, m.session(params) as s:
+    with Model(model_path, use_mmap=use_mmap, ffn_rows=params.mode in ROW_MODES) as m, m.session(params) as s:
         total_tokens = 0
         wall = 0.0
         for p in prompts:

@@ -29,7 +29,7 @@ from ..default_model import DEFAULT_MODEL, converted_path, ensure_model, model_p
 from ..errors import KairoxError
 from ..gguf_info import inspect_gguf
 from ..hybrid import POLICIES, VRAM_AUTO
-from ..llama import MAX_THREADS, Model, SamplingParams, Session, default_threads, has_gpu
+from ..llama import MAX_THREADS, ROW_MODES, Model, SamplingParams, Session, default_threads, has_gpu
 from ..offline.calibrate import measure, write_share
 from ..offline.convert import DEFAULT_SPARSITY, ConvertOptions, ConvertResult, convert
 from ..offline.corpus import load_corpus
@@ -232,7 +232,9 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
         path = resolve_model(model, console)
     if verbose:
         _lib.set_verbose(True)
-    with Model(path, use_mmap=use_mmap, ffn_on_host=_ffn_on_host(path, dense, vram_budget)) as m:
+    rows = not dense and (mode in ROW_MODES or vram_budget != 0)
+    with Model(path, use_mmap=use_mmap, ffn_on_host=_ffn_on_host(path, dense, vram_budget),
+               ffn_rows=rows) as m:
         text = m.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
         tokens = m.tokenize(text, add_special=True, parse_special=True)
         if n_ctx and len(tokens) >= n_ctx:
