@@ -16,7 +16,9 @@ row), so the paths cross where that line meets D.
 """
 from __future__ import annotations
 
+import mmap
 import statistics
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -135,12 +137,80 @@ def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode:
                        med["full"], share)
 
 
+# sizes of GGUF's fixed-size value types (GGUFValueType: uint8 ... float64)
+_KV_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_KV_STRING, _KV_ARRAY = 8, 9
+
+
+def find_kv(path: Path, key: str) -> tuple[int, int, str] | None:
+    """(value type, file offset of the value, byte order) of a metadata key of a GGUF (version
+    2 or later), or None where the file does not hold it. It walks the key-value section with
+    struct alone: GGUFReader parses every value into numpy views, which for a 150k-token
+    vocabulary takes tens of seconds and half a GB. ValueError where the file cannot be walked."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if mm[:4] != b"GGUF":
+            raise ValueError("not a GGUF file")
+        bo = "<" if struct.unpack_from("<I", mm, 4)[0] & 0xFFFF else ">"
+        if struct.unpack_from(bo + "I", mm, 4)[0] < 2:
+            raise ValueError("GGUF version 1")
+        n_kv = struct.unpack_from(bo + "Q", mm, 16)[0]
+        pos = 24
+
+        def string_end(at: int) -> int:
+            return at + 8 + struct.unpack_from(bo + "Q", mm, at)[0]
+
+        for _ in range(n_kv):
+            end = string_end(pos)
+            name = mm[pos + 8:end].decode("utf-8", errors="replace")
+            vtype = struct.unpack_from(bo + "I", mm, end)[0]
+            pos = end + 4
+            if name == key:
+                return vtype, pos, bo
+            if vtype in _KV_SIZES:
+                pos += _KV_SIZES[vtype]
+            elif vtype == _KV_STRING:
+                pos = string_end(pos)
+            elif vtype == _KV_ARRAY:
+                etype, count = struct.unpack_from(bo + "IQ", mm, pos)
+                pos += 12
+                if etype in _KV_SIZES:
+                    pos += _KV_SIZES[etype] * count
+                elif etype == _KV_STRING:
+                    for _ in range(count):
+                        pos = string_end(pos)
+                else:
+                    raise ValueError(f"an array of type {etype} in {name}")
+            else:
+                raise ValueError(f"value type {vtype} of {name}")
+            if pos > len(mm):
+                raise ValueError("the metadata runs past the end of the file")
+    return None
+
+
+def _write_f32_in_place(path: Path, share: float) -> bool:
+    """Overwrite kairox.down_dense_share where the file holds it as an f32 (find_kv); False
+    where it does not, or where the file cannot be walked that way (GGUFReader decides)."""
+    try:
+        found = find_kv(path, fmt.KEY_DOWN_DENSE_SHARE)
+    except (ValueError, OSError, struct.error):
+        return False
+    if found is None or found[0] != GGUFValueType.FLOAT32:
+        return False
+    _, offset, bo = found
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(struct.pack(bo + "f", share))
+    return True
+
+
 def write_share(path: Path, share: float, console: Console | None = None) -> None:
     """Store kairox.down_dense_share in the GGUF: in place when the key is there already (a
     4-byte value, as llama.cpp's gguf_set_metadata does; `kairox convert` writes it as -1),
     else (a GGUF converted before the key existed) by rewriting the file atomically."""
     if not (0.0 <= share and np.isfinite(share)):
         raise KairoxError(f"down_dense_share must be finite and >= 0, got {share}")
+    if _write_f32_in_place(path, share):
+        return
     try:
         reader = GGUFReader(path, "r")
     except Exception as e:  # noqa: BLE001 - the gguf reader raises ValueError, IndexError, ...

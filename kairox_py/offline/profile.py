@@ -54,10 +54,11 @@ MIN_CHUNK = 16  # shorter tail chunks carry too little context to be representat
 F16_MAX = 65504.0
 #: token rows per read of the streaming passes (a few tens of MB at a 7B's widths)
 CHUNK_TOKENS = 1024
-#: tokens per decode call while profiling (a chunk of DEFAULT_CTX is one call): the profiler's
-#: buffers, the logits and the graph's scale with it, and so does the speed (half of it costs
-#: about a sixth more time for 0.9 GB less on Qwen2.5-Coder-1.5B; docs/benchmarks/convert)
-DECODE_TOKENS = 512
+#: tokens per decode call while profiling (a chunk of DEFAULT_CTX is two calls): the profiler's
+#: buffers, the logits and the graph's scale with it. On Qwen2.5-Coder-1.5B (a 152k vocabulary)
+#: 256 peaks 0.9 GB lower than one call of 512 and profiles about a sixth slower
+#: (docs/benchmarks/convert): the peak of the whole conversion is here, the time is not.
+DECODE_TOKENS = 256
 #: profile array kinds (file stems)
 KINDS = ("inputs", "hidden")
 _F16_PATTERNS = 1 << 16
