@@ -378,6 +378,8 @@ def train_predictors(prof: Profile, mags: Sequence[LayerMagnitudes], thr: np.nda
         if note is None:
             train(rest)
             note = predictor_verdict([p for p in out if p is not None], opts, "all layers")
+        else:
+            bar.update(task, total=done)  # the other layers are not trained: the bar ends here
     if note is None:
         return out, None
     if opts.mode == "predictor":
