@@ -40,6 +40,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -693,11 +694,13 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
     in_p, out_p = Path(in_path), Path(out_path)
     seconds: dict[str, float] = {}
     t0 = time.monotonic()
-    inp = open_input(in_p)
+    with _status(console, f"reading {in_p.name}"):  # a large vocabulary's metadata takes seconds
+        inp = open_input(in_p)
     check_options(opts, inp)
     check_output(out_p, in_p)
     check_free_space(out_p, min_output_bytes(inp, opts))
-    model_sha = None if profile_dir else file_sha256(in_p)  # keys the cached profile (and self-text)
+    with _status(console, f"hashing {in_p.name}"):
+        model_sha = None if profile_dir else file_sha256(in_p)  # keys the cached profile (and self-text)
     n_self = opts.self_text if opts.self_text is not None else default_self_text(inp)
     if n_self and not (profile_dir and Path(profile_dir).exists()):
         t = time.monotonic()
@@ -756,6 +759,12 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
                frozenset({fmt.KEY_ACTIVATION}) if override else frozenset(), before_publish=finish)
     seconds["total"] = time.monotonic() - t0
     return res
+
+
+def _status(console: Console | None, what: str) -> AbstractContextManager[Any]:
+    """A spinner with `what` on the console for a step without a progress bar (nothing
+    without a console)."""
+    return console.status(what) if console is not None else nullcontext()
 
 
 def calibrate_thresholds(inp: InputModel, prof: Profile, opts: ConvertOptions, activation: str,
