@@ -347,12 +347,15 @@ def test_cli_run_auto_budget(run_cli, kx_model: Path) -> None:  # type: ignore[n
 def test_ffn_on_host_placement(kx_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a GPU, `kairox run` loads a Kairox GGUF with every layer on the GPU except the FFN
     weights (the sparse row kernels run on the CPU; the hybrid cache is the device's copy). On a
-    machine without one the option changes nothing; forced here, its override list must load
-    and decode exactly as the plain load does (the CPU buffer type is where weights go anyway)."""
+    machine without one the option only keeps ffn_gate/ffn_up in plain rows (FFN_ROWS); forced
+    here, the GPU override list must load and decode exactly as the plain load does (the CPU
+    buffer type is where weights go anyway)."""
     import kairox_py.llama as llama
 
     with Model(kx_model, ffn_on_host=True) as m:
-        assert m._overrides is None or llama.has_gpu()
+        if not llama.has_gpu():
+            assert m._overrides is not None
+            assert m._overrides[0].pattern.decode() == llama.FFN_ROWS
 
     def greedy(m: Model) -> list[int]:
         with m.session(ContextParams(n_ctx=64, n_threads=2, mode="predictor")) as s:
@@ -367,7 +370,7 @@ def test_ffn_on_host_placement(kx_model: Path, monkeypatch: pytest.MonkeyPatch) 
         plain = greedy(m)
     monkeypatch.setattr(llama, "has_gpu", lambda: True)
     with Model(kx_model, ffn_on_host=True) as m:
-        assert m._overrides is not None
+        assert m._overrides[0].pattern.decode() == llama.FFN_WEIGHTS
         assert greedy(m) == plain
 
 
