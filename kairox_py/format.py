@@ -7,7 +7,8 @@ them from here. ``docs/FORMAT.md`` documents the format in one place, and
 """
 from __future__ import annotations
 
-FORMAT_VERSION = 1
+#: 2: ffn_down_t may be absent, derived by the loader from ffn_down (KEY_DOWN_T_TYPE)
+FORMAT_VERSION = 2
 
 KEY_FORMAT_VERSION = "kairox.format_version"   # u32
 KEY_MODE = "kairox.mode"                       # str: predictor | threshold | cats
@@ -26,6 +27,9 @@ KEY_DOWN_DENSE_SHARE = "kairox.down_dense_share"
 KEY_PERMUTED = "kairox.permuted"               # bool
 #: bool (optional): random weights for speed measurements; only such a model runs a workload
 KEY_SYNTHETIC = "kairox.synthetic"
+#: str (optional): the file holds no ffn_down_t; the loader derives it from ffn_down in this
+#: ggml type (a whole matrix per layer less on disk, a few seconds more at load)
+KEY_DOWN_T_TYPE = "kairox.down_t_type"
 
 TENSOR_DOWN_T = "blk.%d.ffn_down_t"            # numpy (n_ff, n_embd)
 TENSOR_PRED_UP = "blk.%d.kx_pred_up"           # numpy (rank, n_embd) + .bias (rank,)
@@ -49,6 +53,7 @@ NAMES: dict[str, str] = {
     "KEY_DOWN_DENSE_SHARE": KEY_DOWN_DENSE_SHARE,
     "KEY_PERMUTED": KEY_PERMUTED,
     "KEY_SYNTHETIC": KEY_SYNTHETIC,
+    "KEY_DOWN_T_TYPE": KEY_DOWN_T_TYPE,
     "TENSOR_DOWN_T": TENSOR_DOWN_T,
     "TENSOR_PRED_UP": TENSOR_PRED_UP,
     "TENSOR_PRED_DOWN": TENSOR_PRED_DOWN,

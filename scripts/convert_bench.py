@@ -37,7 +37,7 @@ from kairox_py.benchmark.synthetic import SHAPES, write_synthetic_llama  # noqa:
 STAGES = ("self-text", "profile", "calibrate", "predictors", "grouping", "write")
 FIELDS = ("label", "date", "model", "args", "wall_s", *(f"{s}_s" for s in STAGES), "finish_s",
           "peak_rss_mb", "maxrss_mb", *(f"{s}_rss_mb" for s in STAGES), "finish_rss_mb",
-          "model_mb", "predictors", "grouping")
+          "model_mb", "out_mb", "size_ratio", "predictors", "grouping")
 
 
 def _tree_rss_kb(pid: int) -> int:
@@ -131,7 +131,9 @@ def main() -> int:
     row: dict[str, object] = {"label": a.label, "date": time.strftime("%Y-%m-%d"), "model": model.name,
                               "args": " ".join(a.convert_args), "wall_s": round(wall, 1),
                               "peak_rss_mb": round(max(r for _, r in samples) / 1024),
-                              "maxrss_mb": round(maxrss_mb), "model_mb": round(model.stat().st_size / 1e6)}
+                              "maxrss_mb": round(maxrss_mb), "model_mb": round(model.stat().st_size / 1e6),
+                              "out_mb": round(out.stat().st_size / 1e6),
+                              "size_ratio": round(out.stat().st_size / model.stat().st_size, 3)}
     # the converter's clock starts after the imports: its stages end `total` before the exit
     start = max(0.0, wall - secs["total"]) if "total" in secs else 0.0
     for s in STAGES:

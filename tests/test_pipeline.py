@@ -73,6 +73,7 @@ def test_gguf_reader_round_trip(converted: ConvertResult, model_path: Path) -> N
     assert f(fmt.KEY_PRED_DOWN_SCALE).contents() == pytest.approx(0.5)
     assert f(fmt.KEY_GROUP_SIZE).contents() == 64
     assert f(fmt.KEY_PERMUTED).contents() is True
+    assert f(fmt.KEY_DOWN_T_TYPE).contents() == "q8_0"
     assert np.allclose(f(fmt.KEY_THRESHOLD).contents(), converted.thresholds)
     assert np.allclose(f(fmt.KEY_CATS_THRESHOLD).contents(), converted.cats_thresholds)
     ranks = f(fmt.KEY_PRED_RANK).contents()
@@ -92,21 +93,48 @@ def test_gguf_reader_round_trip(converted: ConvertResult, model_path: Path) -> N
         assert sorted(perm.tolist()) == list(range(len(perm)))
         assert (inv[perm] == np.arange(len(perm))).all()
         assert len(t_new[fmt.tensor_name(fmt.TENSOR_GROUP_FREQ, il, "")].data) == len(perm) // 64
-        assert t_new[fmt.tensor_name(fmt.TENSOR_DOWN_T, il)].tensor_type.name == "Q8_0"
+        assert fmt.tensor_name(fmt.TENSOR_DOWN_T, il) not in t_new  # derived at load
         assert t_new[fmt.tensor_name(fmt.TENSOR_PRED_UP, il)].tensor_type.name == "Q8_0"  # auto
         assert t_new[fmt.tensor_name(fmt.TENSOR_PRED_UP, il)].data.shape[0] == ranks[il]
         assert t_new[fmt.tensor_name(fmt.TENSOR_PRED_DOWN, il)].data.shape[0] == 1536
 
 
-def test_down_t_is_the_permuted_transposed_down(converted: ConvertResult) -> None:
+@pytest.fixture(scope="module")
+def converted_down_t_in_file(pipeline_dir: Path, model_path: Path, profile) -> ConvertResult:  # type: ignore[no-untyped-def]
+    """PIPELINE_OPTS with ffn_down_t written into the file (no predictors: not needed here)."""
+    from dataclasses import replace
+
+    from conftest import PIPELINE_OPTS
+
+    return convert(model_path, pipeline_dir / "kx-down-t.gguf", default_corpus("profile"),
+                   replace(PIPELINE_OPTS, down_t_in_file=True, predictor=False), profile_dir=profile.dir)
+
+
+def test_down_t_is_the_permuted_transposed_down(converted_down_t_in_file: ConvertResult) -> None:
     from kairox_py.offline.quant import dequantize
 
-    r = {t.name: t for t in GGUFReader(converted.output).tensors}
+    r = {t.name: t for t in GGUFReader(converted_down_t_in_file.output).tensors}
+    assert fmt.KEY_DOWN_T_TYPE not in GGUFReader(converted_down_t_in_file.output).fields
+    assert r["blk.5.ffn_down_t.weight"].tensor_type.name == "Q8_0"
     down = dequantize(r["blk.5.ffn_down.weight"].data, r["blk.5.ffn_down.weight"].tensor_type)
     dt = dequantize(r["blk.5.ffn_down_t.weight"].data, r["blk.5.ffn_down_t.weight"].tensor_type)
     perm = np.asarray(r["blk.5.kx_perm"].data)
     assert dt.shape == (down.shape[1], down.shape[0])
     assert np.abs(dt - down.T[perm]).max() < 0.02 * np.abs(down).max()
+
+
+def test_derived_down_t_equals_the_written_one(converted: ConvertResult,
+                                               converted_down_t_in_file: ConvertResult) -> None:
+    """The loader's ffn_down_t (kairox.down_t_type) is the converter's, bit for bit: the same
+    permuted transpose of ffn_down quantized the same way, so threshold mode gives the same
+    logits from either file."""
+    from conftest import all_logits
+
+    with Model(converted.output, vocab_only=True) as m:
+        toks = m.tokenize(default_corpus("eval").text[:600])[:24]
+    derived = all_logits(converted.output, toks, mode="threshold")
+    written = all_logits(converted_down_t_in_file.output, toks, mode="threshold")
+    assert np.array_equal(derived, written)
 
 
 def test_library_loads_it(converted: ConvertResult) -> None:
@@ -303,7 +331,7 @@ def test_interrupted_write_leaves_nothing(tmp_path: Path, model_path: Path, conv
     monkeypatch.setattr(conv, "quantize", interrupting)
     out = tmp_path / "out.gguf"
     with pytest.raises(KeyboardInterrupt):
-        convert(model_path, out, default_corpus("profile"), replace(OPTS, predictor=False),
+        convert(model_path, out, default_corpus("profile"), replace(OPTS, predictor=False, down_t_in_file=True),
                 profile_dir=converted.profile_dir)
     assert not out.exists()
     _no_partial(tmp_path)

@@ -59,7 +59,8 @@ def converted_exact(pipeline_dir: Path, model_path: Path, profile):  # type: ign
     from kairox_py.offline.corpus import default_corpus
 
     return convert(model_path, pipeline_dir / "kx-exact.gguf", default_corpus("profile"),
-                   replace(PIPELINE_OPTS, down_type="f32", predictor=False), profile_dir=profile.dir)
+                   replace(PIPELINE_OPTS, down_type="f32", predictor=False, down_t_in_file=True),
+                   profile_dir=profile.dir)
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +123,11 @@ def test_threshold_layer_matches_numpy(converted, model: Model) -> None:  # type
         for layer in (0, 7, m.n_layer - 1):
             h, res, out = prof.get("hidden", layer), prof.get("residual", layer), prof.get("output", layer)
             assert h is not None and res is not None and out is not None
-            t = tensors[f"blk.{layer}.ffn_down_t.weight"]
-            down_t = dequantize(t.data, t.tensor_type).reshape(m.n_ff, m.n_embd)
+            # the file names down_t's type and the loader derives it from ffn_down (FORMAT.md)
+            assert f"blk.{layer}.ffn_down_t.weight" not in tensors
+            d = tensors[f"blk.{layer}.ffn_down.weight"]
+            perm = np.asarray(tensors[f"blk.{layer}.kx_perm"].data)
+            down_t = dequantize(d.data, d.tensor_type).reshape(m.n_embd, m.n_ff).T[perm]
             mask = np.abs(h) > thr[layer]
             assert 0.3 < mask.mean() < 0.7  # the calibrated ~50% sparsity, on this text
             ref = (h * mask) @ down_t

@@ -515,13 +515,17 @@ def ffn_work_fraction(sparse_model: str | Path, mode: str, active: float) -> flo
     """
     from gguf import GGUFReader
 
+    from ..offline.quant import down_t_size
+
     r = GGUFReader(str(sparse_model))
     size = {t.name: int(t.n_bytes) for t in r.tensors}
+    shape = {t.name: t.shape for t in r.tensors}
     dense = sparse = 0.0
     i = 0
     while f"blk.{i}.ffn_up.weight" in size:
         g, u, d = (size.get(f"blk.{i}.ffn_{k}.weight", 0) for k in ("gate", "up", "down"))
-        dt = size.get(f"blk.{i}.ffn_down_t.weight", d)
+        n_embd, n_ff = (int(v) for v in shape[f"blk.{i}.ffn_up.weight"][:2])
+        dt = down_t_size(r, i, n_embd, n_ff)[0] or d
         pred = sum(v for k, v in size.items() if k.startswith((f"blk.{i}.kx_pred_up.", f"blk.{i}.kx_pred_down.")))
         dense += g + u + d
         if mode == "predictor":

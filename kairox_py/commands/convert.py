@@ -69,6 +69,10 @@ def _given(param: str) -> bool:
               help="Neurons per co-activation group (must divide the FFN width).")
 @click.option("--down-type", type=click.Choice(WRITABLE_TYPES, case_sensitive=False),
               default=DEFAULT_DOWN_TYPE, show_default=True, help="ggml type of ffn_down_t.")
+@click.option("--down-t-in-file", is_flag=True,
+              help="Write ffn_down_t (a transposed copy of every ffn_down) into the file; by "
+                   "default the loader derives it at load, and the file stays near the "
+                   "original's size.")
 @click.option("--mode", type=click.Choice(MODES), default=DEFAULT_MODE, show_default=True,
               help="The model's default sparse mode (kairox.mode).")
 @activation_option("profiled with and written as kairox.activation")
@@ -101,7 +105,7 @@ def _given(param: str) -> bool:
                    "calibrate; seconds on small models, a few minutes on 7B).")
 def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: tuple[str, ...],
             tokens: int, sparsity: float, recall: float, group_size: int, down_type: str,
-            mode: str, activation: str, no_predictor: bool, max_pred_density: float, no_reorder: bool,
+            down_t_in_file: bool, mode: str, activation: str, no_predictor: bool, max_pred_density: float, no_reorder: bool,
             epochs: int, pred_type: str,
             pred_down_scale: float, self_text: int | None, report_dir: str | None, threads: int | None,
             calibrate: bool) -> None:
@@ -110,7 +114,8 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
     if self_text is None and corpus:
         self_text = 0
     opts = ConvertOptions(sparsity=sparsity, recall=recall, group_size=group_size,
-                          down_type=down_type.lower(), mode=mode, predictor=not no_predictor,
+                          down_type=down_type.lower(), down_t_in_file=down_t_in_file, mode=mode,
+                          predictor=not no_predictor,
                           pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=not no_reorder,
                           tokens=tokens, threads=threads, train=TrainConfig(recall=recall, epochs=epochs),
                           self_text=self_text, activation=activation, max_pred_density=max_pred_density,

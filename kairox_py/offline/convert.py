@@ -137,6 +137,9 @@ class ConvertOptions:
     recall: float = DEFAULT_RECALL
     group_size: int = DEFAULT_GROUP_SIZE
     down_type: str = DEFAULT_DOWN_TYPE
+    # write ffn_down_t into the file (a second copy of every ffn_down, in down_type); without
+    # it the file names down_type (KEY_DOWN_T_TYPE) and the loader derives down_t at load
+    down_t_in_file: bool = False
     mode: str = DEFAULT_MODE
     predictor: bool = True
     pred_type: str = "auto"
@@ -548,9 +551,10 @@ def plan_tensors(inp: InputModel, opts: ConvertOptions, groupings: list[LayerGro
     qtype = ggml_type(opts.down_type)
     for il in range(inp.n_layer):
         g = groupings[il]
-        dt = _down_t_tensor(inp, il, g.perm, qtype)
-        dt.name = fmt.tensor_name(fmt.TENSOR_DOWN_T, il)
-        plan.append(dt)
+        if opts.down_t_in_file:
+            dt = _down_t_tensor(inp, il, g.perm, qtype)
+            dt.name = fmt.tensor_name(fmt.TENSOR_DOWN_T, il)
+            plan.append(dt)
         p = predictors[il]
         if p is not None:
             plan.extend(_pred_tensors(il, p.permuted(g.perm), opts.pred_type))
@@ -584,6 +588,8 @@ def kairox_metadata(opts: ConvertOptions, n_layer: int, thresholds: np.ndarray,
         # place on the machine that runs the model
         (fmt.KEY_DOWN_DENSE_SHARE, -1.0, GGUFValueType.FLOAT32, None),
     ]
+    if not opts.down_t_in_file:
+        kv.append((fmt.KEY_DOWN_T_TYPE, opts.down_type.lower(), GGUFValueType.STRING, None))
     if activation_override:
         kv.append((fmt.KEY_ACTIVATION, activation_override, GGUFValueType.STRING, None))
     assert len(thresholds) == len(cats) == len(ranks) == n_layer
@@ -592,9 +598,10 @@ def kairox_metadata(opts: ConvertOptions, n_layer: int, thresholds: np.ndarray,
 
 def min_output_bytes(inp: InputModel, opts: ConvertOptions) -> int:
     """A lower bound of the output's size known before profiling: every input tensor is
-    copied, and each layer adds its down_t and two permutations (predictors and metadata
-    come on top). A disk that cannot hold this much is refused before minutes of work."""
-    row = row_nbytes(ggml_type(opts.down_type), inp.n_embd)
+    copied, and each layer adds two permutations and its down_t where the file holds it
+    (predictors and metadata come on top). A disk that cannot hold this much is refused
+    before minutes of work."""
+    row = row_nbytes(ggml_type(opts.down_type), inp.n_embd) if opts.down_t_in_file else 0
     copied = sum(int(t.n_bytes) for t in inp.reader.tensors)
     return copied + inp.n_layer * inp.n_ff * (row + 8)
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize as _gguf_dequantize
 
 from .. import _lib
+from .. import format as fmt
 from ..errors import KairoxError
 
 #: --down-type choices (lower-case ggml type names)
@@ -70,3 +71,18 @@ def quantize(x: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
     if written != out.nbytes:
         raise KairoxError(f"ggml_quantize_chunk wrote {written} bytes, expected {out.nbytes}")
     return out
+
+
+def down_t_size(reader: GGUFReader, il: int, n_embd: int, n_ff: int) -> tuple[int, str]:
+    """(bytes, lower-case ggml type) of layer `il`'s ffn_down_t as the runtime holds it: the
+    file's tensor, or the one the loader derives from ffn_down (fmt.KEY_DOWN_T_TYPE); (0, "")
+    where the file has neither. Cost models need it either way: the sparse path reads it."""
+    name = fmt.tensor_name(fmt.TENSOR_DOWN_T, il)
+    for t in reader.tensors:
+        if t.name == name:
+            return int(t.n_bytes), t.tensor_type.name.lower()
+    field = reader.get_field(fmt.KEY_DOWN_T_TYPE)
+    if field is None:
+        return 0, ""
+    tname = str(field.contents())
+    return n_ff * row_nbytes(ggml_type(tname), n_embd), tname

@@ -45,7 +45,7 @@ from .. import format as fmt
 from ..errors import KairoxError
 from ..llama import ContextParams, Model, Profiler
 from ..offline.profile import file_sha256, magnitude_quantile
-from ..offline.quant import dequantize
+from ..offline.quant import dequantize, down_t_size
 from ..outputs import atomic_dir, check_output_dir
 from ..progress import make_progress
 
@@ -136,11 +136,11 @@ def read_kairox(path: Path, n_layer: int, n_ff: int) -> KairoxData:
                          w2, b2.reshape(-1) if b2 is not None else np.zeros(w2.shape[0], np.float32)))
         else:
             pred.append(None)
-    dt = tensors.get(fmt.tensor_name(fmt.TENSOR_DOWN_T, 0))
-    down_t_row = int(dt.n_bytes // n_ff) if dt is not None else 0
+    up = tensors.get("blk.0.ffn_up.weight")
+    n_embd = int(up.shape[0]) if up is not None else 0
+    dt_bytes, dt_type = down_t_size(reader, 0, n_embd, n_ff)
     return KairoxData(path, gs, thr, float(_field(reader, fmt.KEY_PRED_THRESHOLD) or 0.5),
-                      perm, np.stack(freq), pred, down_t_row,
-                      dt.tensor_type.name.lower() if dt is not None else "")
+                      perm, np.stack(freq), pred, dt_bytes // n_ff, dt_type)
 
 
 def model_costs(path: Path, n_layer: int, n_ff: int, down_t_row_bytes: int,
