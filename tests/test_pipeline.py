@@ -189,13 +189,17 @@ def test_grouping_beats_random(converted: ConvertResult) -> None:
 
 
 def test_profile_is_reused(work: Path, model_path: Path, converted: ConvertResult) -> None:
+    """A second conversion reads the first one's profile; without predictors and with the
+    default reorder (None) it keeps the original neuron order."""
     res = convert(model_path, work / "kx2.gguf", default_corpus("profile"),
-                  replace(OPTS, predictor=False, reorder=False, mode="cats"),
+                  replace(OPTS, predictor=False, reorder=None, mode="cats"),
                   profile_dir=converted.profile_dir)
     assert res.profile_reused
     r = GGUFReader(res.output)
     assert r.get_field(fmt.KEY_PRED_RANK).contents() == [0] * len(res.thresholds)
     assert r.get_field(fmt.KEY_PERMUTED).contents() is False
+    assert ("neuron order", "original (no predictors: no groups to gather; --reorder forces "
+                            "co-activation groups)") in summary_rows(res)
     with Model(res.output) as m:
         assert not m.has_predictor
 
@@ -279,7 +283,7 @@ def test_without_pymetis_converts_with_frequency_grouping(tmp_path: Path, model_
     """A plain install (no `grouping` extra) converts: every layer keeps the frequency grouping."""
     monkeypatch.setitem(sys.modules, "pymetis", None)  # `import pymetis` raises ImportError
     res = convert(model_path, tmp_path / "out.gguf", default_corpus("profile"),
-                  replace(OPTS, predictor=False), profile_dir=profile.dir)
+                  replace(OPTS, predictor=False, reorder=True), profile_dir=profile.dir)
     assert {g.method for g in res.groupings} == {"frequency"}
     assert "pymetis not installed" in dict(summary_rows(res))["grouping"]
 
@@ -344,7 +348,9 @@ def test_sigint_during_cli_conversion(tmp_path: Path, model_path: Path, converte
     out = tmp_path / "out.gguf"
     env = dict(os.environ, PYTHONPATH=str(PACKAGE_PARENT))
     proc = subprocess.Popen([sys.executable, "-m", "kairox_py.cli", "convert", str(model_path),
-                             str(out), "--profile", str(converted.profile_dir), "--epochs", "1"],
+                             str(out), "--profile", str(converted.profile_dir),
+                             # predictors kept and trained long: the signal lands mid-conversion
+                             "--max-pred-density", "1", "--epochs", "100"],
                             cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             # a test run started in the background inherits SIGINT ignored,

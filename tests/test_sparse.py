@@ -59,7 +59,8 @@ def converted_exact(pipeline_dir: Path, model_path: Path, profile):  # type: ign
     from kairox_py.offline.corpus import default_corpus
 
     return convert(model_path, pipeline_dir / "kx-exact.gguf", default_corpus("profile"),
-                   replace(PIPELINE_OPTS, down_type="f32", predictor=False, down_t_in_file=True),
+                   replace(PIPELINE_OPTS, down_type="f32", predictor=False, down_t_in_file=True,
+                           reorder=True),
                    profile_dir=profile.dir)
 
 

@@ -81,7 +81,11 @@ def _given(param: str) -> bool:
               default=DEFAULT_MAX_PRED_DENSITY, show_default=True,
               help="Write no predictors where they select more than this share of the neurons at "
                    "--recall (decided on a few sampled layers first, then on all; 1: keep them).")
-@click.option("--no-reorder", is_flag=True, help="Keep the original neuron order.")
+@click.option("--reorder/--no-reorder", default=None,
+              help="Reorder FFN neurons into hot-first co-activation groups, or keep the original "
+                   "order (default: reorder where predictors are written; predictor mode and the "
+                   "GPU group cache read groups, while without them the original order keeps "
+                   "dense prefill free of an un-permute).")
 @click.option("--epochs", type=click.IntRange(min=1), default=TrainConfig.epochs,
               show_default=True, help="Predictor training epochs.")
 @click.option("--pred-type", type=click.Choice(PRED_TYPES), default="auto", show_default=True,
@@ -105,7 +109,7 @@ def _given(param: str) -> bool:
                    "calibrate; seconds on small models, a few minutes on 7B).")
 def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: tuple[str, ...],
             tokens: int, sparsity: float, recall: float, group_size: int, down_type: str,
-            down_t_in_file: bool, mode: str, activation: str, no_predictor: bool, max_pred_density: float, no_reorder: bool,
+            down_t_in_file: bool, mode: str, activation: str, no_predictor: bool, max_pred_density: float, reorder: bool | None,
             epochs: int, pred_type: str,
             pred_down_scale: float, self_text: int | None, report_dir: str | None, threads: int | None,
             calibrate: bool) -> None:
@@ -116,7 +120,7 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
     opts = ConvertOptions(sparsity=sparsity, recall=recall, group_size=group_size,
                           down_type=down_type.lower(), down_t_in_file=down_t_in_file, mode=mode,
                           predictor=not no_predictor,
-                          pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=not no_reorder,
+                          pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=reorder,
                           tokens=tokens, threads=threads, train=TrainConfig(recall=recall, epochs=epochs),
                           self_text=self_text, activation=activation, max_pred_density=max_pred_density,
                           profile_match_corpus=_given("corpus"), profile_match_tokens=_given("tokens"))

@@ -41,7 +41,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,7 @@ from .corpus import Corpus
 from .grouping import (
     DEFAULT_GROUP_SIZE,
     METHOD_FREQUENCY,
+    METHOD_IDENTITY,
     METHOD_METIS,
     LayerGrouping,
     activation_frequency,
@@ -144,7 +145,10 @@ class ConvertOptions:
     predictor: bool = True
     pred_type: str = "auto"
     pred_down_scale: float = DEFAULT_PRED_DOWN_SCALE
-    reorder: bool = True
+    # reorder neurons into hot-first co-activation groups; None: where predictors are written
+    # (predictor mode and the hybrid runtime's group cache read groups), else keep the original
+    # order, which spares dense prefill the un-permute before ffn_down (resolve_reorder)
+    reorder: bool | None = None
     tokens: int = DEFAULT_TOKENS
     # tokens of the model's own sampled text profiled with the corpus (selftext.py); None:
     # DEFAULT_SELF_TEXT for models up to SELF_TEXT_MAX_PARAMS parameters, else 0
@@ -399,12 +403,14 @@ def group_layers(prof: Profile, thr: np.ndarray, opts: ConvertOptions, n_ff: int
                  console: Console | None) -> list[LayerGrouping]:
     """Every layer's grouping (grouping.py), from the masks a chunk of tokens at a time. METIS
     is tried on the sampled layers (probe_layers) and on the others only if it was kept on
-    one of those; the original order with --no-reorder."""
+    one of those; the original order where opts.reorder is False (None groups: convert()
+    resolves it first, resolve_reorder)."""
     n_layer = prof.n_layer
     out: list[LayerGrouping | None] = [None] * n_layer
-    probe = probe_layers(n_layer) if opts.reorder else []
+    reorder = opts.reorder is not False
+    probe = probe_layers(n_layer) if reorder else []
     with make_progress(console) as bar:
-        task = bar.add_task("grouping" if opts.reorder else "group frequencies", total=n_layer)
+        task = bar.add_task("grouping" if reorder else "group frequencies", total=n_layer)
         for il in probe:
             out[il] = _group_one(prof, il, float(thr[il]), opts, n_ff, True)
             bar.advance(task)
@@ -421,9 +427,19 @@ def _group_one(prof: Profile, il: int, thr: float, opts: ConvertOptions, n_ff: i
     def chunks() -> Iterator[np.ndarray]:
         return prof.mask_chunks(il, thr)
 
-    if not opts.reorder:
+    if opts.reorder is False:
         return identity_grouping(n_ff, opts.group_size, activation_frequency(chunks(), n_ff))
     return group_layer_stream(chunks, n_ff, opts.group_size, use_metis=use_metis)
+
+
+def resolve_reorder(opts: ConvertOptions, predictors: Sequence[LayerPredictor | None]) -> bool:
+    """opts.reorder, or where it is None (the default) whether any predictor is written: groups
+    serve predictor mode and the hybrid runtime's cache, while a model without predictors runs
+    threshold/CATS on the CPU, where a reordered file only adds the un-permute of the hidden
+    state before ffn_down (a gather over every prefill token) to the dense path."""
+    if opts.reorder is not None:
+        return opts.reorder
+    return any(p is not None for p in predictors)
 
 
 def release_pages(reader: GGUFReader) -> None:
@@ -744,6 +760,7 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
         seconds["predictors"] = time.monotonic() - t
     del mags
 
+    opts = replace(opts, reorder=resolve_reorder(opts, predictors))
     t = time.monotonic()
     groupings = group_layers(prof, thr, opts, inp.n_ff, console)
     seconds["grouping"] = time.monotonic() - t
@@ -857,6 +874,9 @@ def summary_rows(res: ConvertResult) -> list[tuple[str, str]]:
                   f"{np.mean([p.recall for p in preds]):.3f}, {min(p.recall for p in preds):.3f}"),
                  ("predictor precision (mean)", f"{np.mean([p.precision for p in preds]):.3f}"),
                  ("predicted density (mean)", f"{np.mean([p.density for p in preds]):.3f}")]
+    if all(g.method == METHOD_IDENTITY for g in res.groupings):
+        rows.append(("neuron order", "original (no predictors: no groups to gather; --reorder "
+                                     "forces co-activation groups)" if not preds else "original"))
     rows += grouping_rows(res.groupings)
     rows.append(("time", ", ".join(f"{k} {v:.1f}s" for k, v in res.seconds.items())))
     return rows
