@@ -78,6 +78,7 @@ SUPPORTED_ARCHES: dict[str, str] = {
     "qwen3": "silu",
     "gemma": "gelu",
     "gemma2": "gelu",
+    "gemma3": "gelu",
     "falcon": "gelu",
     "opt": "relu",
 }

@@ -1,8 +1,9 @@
-"""The gated architectures the converter accepts besides llama: qwen2, qwen3, gemma, gemma2.
+"""The gated architectures the converter accepts besides llama: qwen2, qwen3, gemma, gemma2, gemma3.
 
 Each is llama's FFN (act(gate x) * (up x) -> down) inside a different transformer (qwen2: q/k/v
 biases; qwen3: q/k norms; gemma: scaled embeddings, a tied output, GELU; gemma2: also
-post-attention and post-FFN norms and soft-capping). None can be downloaded here: a small
+post-attention and post-FFN norms and soft-capping; gemma3: gemma2's norms with q/k norms and
+sliding-window attention on most layers). None can be downloaded here: a small
 random-weight GGUF of each is written with the gguf package (kairox_py.benchmark.synthetic), profiled,
 converted (threshold mode) and run, so that every architecture listed as supported is run
 through the whole chain rather than assumed to work.
@@ -22,7 +23,7 @@ from kairox_py import ContextParams, Model
 from kairox_py.benchmark.synthetic import SYNTHETIC_ARCHES, write_synthetic_llama
 from kairox_py.format import SUPPORTED_ARCHES
 
-ARCHES = ["qwen2", "qwen3", "gemma", "gemma2"]
+ARCHES = ["qwen2", "qwen3", "gemma", "gemma2", "gemma3"]
 
 
 def test_every_supported_arch_has_a_synthetic_model() -> None:

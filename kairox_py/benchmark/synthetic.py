@@ -134,6 +134,7 @@ class _Layout:
     tied_output: bool = False  # the output is the token embedding (Gemma)
     parallel_ffn: bool = False  # the FFN reads the attention's norm: no FFN norm, no gate (Falcon)
     learned_pos: bool = False  # learned absolute positions, multi-head attention, no RoPE (OPT)
+    sliding_window: int = 0    # local attention window of most layers (Gemma 3: 5 of every 6)
 
 
 _LAYOUTS = {
@@ -144,6 +145,7 @@ _LAYOUTS = {
     "qwen3": _Layout(qk_norm=True),
     "gemma": _Layout(tied_output=True),
     "gemma2": _Layout(tied_output=True, post_norms=True),
+    "gemma3": _Layout(tied_output=True, post_norms=True, qk_norm=True, sliding_window=16),
 }
 
 #: the architectures write_synthetic_llama writes
@@ -291,6 +293,8 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: LlamaShape = Llam
             w.add_layer_norm_eps(1e-5)
         else:
             w.add_layer_norm_rms_eps(1e-5)
+        if lay.sliding_window:
+            w.add_sliding_window(lay.sliding_window)
         w.add_file_type({"q4_0": 2, "q8_0": 7, "f16": 1}[wtype])
         w.add_vocab_size(shape.n_vocab)
         tokens, scores, types = _vocab(shape.n_vocab)
