@@ -412,7 +412,7 @@ def _write_converted(d: Path) -> tuple[Path, Path, Path]:
     write_synthetic_llama(src, SHAPES["tiny"], seed=1)
     words = " ".join(f"word{i % 97} token{i % 13}" for i in range(3000))
     opts = ConvertOptions(sparsity=0.5, group_size=32, tokens=384, ctx=128, threads=1, self_text=0,
-                          train=TrainConfig(ranks=(32,), epochs=1))
+                          train=TrainConfig(ranks=(32,), epochs=1), fit_ppl=None)
     convert(src, out, Corpus(words, "fuzz words"), opts, profile_dir=prof)
     return src, out, prof
 

@@ -131,7 +131,7 @@ PIPELINE_RECALL = 0.9
 # max_pred_density 1: these conversions test what predictors do, so they keep them whatever they
 # select (a real conversion drops predictors that select most neurons; test_convert_scale.py)
 PIPELINE_OPTS = ConvertOptions(sparsity=0.5, recall=PIPELINE_RECALL, group_size=64, mode="threshold",
-                               tokens=1024, threads=2, max_pred_density=1.0,
+                               tokens=1024, threads=2, max_pred_density=1.0, fit_ppl=None,
                                train=TrainConfig(recall=PIPELINE_RECALL, ranks=(32, 64), epochs=2))
 
 
@@ -155,7 +155,7 @@ def converted(pipeline_dir: Path, model_path: Path, profile: Profile) -> Convert
 # ---- small random-weight GGUFs of the other FFN shapes (test_falcon.py, test_relu.py) -----
 SMALL_SHAPE = LlamaShape(n_embd=256, n_ff=1024, n_layer=4, n_head=4, n_head_kv=4, n_vocab=512, n_ctx=512)
 SMALL_OPTS = ConvertOptions(sparsity=0.5, recall=PIPELINE_RECALL, group_size=32, mode="threshold",
-                            tokens=768, ctx=256, threads=2, max_pred_density=1.0,
+                            tokens=768, ctx=256, threads=2, max_pred_density=1.0, fit_ppl=None,
                             train=TrainConfig(recall=PIPELINE_RECALL, ranks=(32, 64), epochs=2))
 SMALL_TOKENS = 48  # one decode call of this many tokens, all through the sparse FFN
 

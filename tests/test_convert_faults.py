@@ -36,7 +36,7 @@ from kairox_py.outputs import PAUSE_ENV
 # a few seconds per conversion: a short corpus (tokenizing the whole default one with the
 # tiny vocabulary is what would take long), a small sample, one epoch, no crossover timing;
 # the random model's predictors kept whatever they select (they weigh in the disk-full tests)
-FAST = ["--tokens", "256", "--epochs", "1", "--group-size", "32", "-t", "2", "--no-calibrate",
+FAST = ["--tokens", "256", "--epochs", "1", "--group-size", "32", "-t", "2", "--no-calibrate", "--no-fit",
         "--max-pred-density", "1"]
 STAGES = ("profile", "predictors", "write", "report", "crossover")
 WAIT_S = 120.0

@@ -273,7 +273,7 @@ def test_conversion_without_predictors_loads(tmp_path: Path) -> None:
     src = write_synthetic_llama(tmp_path / "tiny.gguf", SHAPES["tiny"], wtype="f16", seed=3)
     s = SHAPES["tiny"]
     prof = write_profile(tmp_path / "prof", *unpredictable(s.n_layer, 1200, s.n_embd, s.n_ff), model=src)
-    opts = ConvertOptions(group_size=32, tokens=1200, train=FAST_TRAIN, recall=FAST_TRAIN.recall)
+    opts = ConvertOptions(group_size=32, tokens=1200, train=FAST_TRAIN, recall=FAST_TRAIN.recall, fit_ppl=None)
     corpus = Corpus("synthetic", "synthetic")
     res = convert(src, tmp_path / "kx.gguf", corpus, opts, profile_dir=prof.dir)
     assert res.predictors == [None] * s.n_layer and res.predictor_note is not None

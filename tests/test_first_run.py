@@ -21,7 +21,7 @@ from kairox_py.outputs import atomic_file
 # without grouping (tests/test_grouping_unit.py, test_pipeline.py) or the crossover's timing
 FAST = run_mod.FirstRunConversion(
     ConvertOptions(mode="threshold", predictor=False, self_text=0, tokens=256, ctx=128,
-                   reorder=False),
+                   reorder=False, fit_ppl=None),
     calibrate=False)
 COMPARISON = re.compile(r"sparse ([\d.]+) tok/s vs dense ([\d.]+) tok/s \(([\d.]+)x")
 

@@ -23,6 +23,7 @@ from kairox_py import ContextParams, KairoxError, Model
 from kairox_py import format as fmt
 from kairox_py.offline.convert import ConvertResult, convert, summary_rows
 from kairox_py.offline.corpus import default_corpus
+from kairox_py.offline.evaluate import EvalSetting, evaluate
 from kairox_py.offline.profile import Profile
 
 # the session's conversion (fixtures `pipeline_dir`, `profile`, `converted`) lives in conftest.py,
@@ -202,6 +203,39 @@ def test_profile_is_reused(work: Path, model_path: Path, converted: ConvertResul
                             "co-activation groups)") in summary_rows(res)
     with Model(res.output) as m:
         assert not m.has_predictor
+        chunks = [m.tokenize(default_corpus("eval").text[:2000])[:128]]
+    # CATS: gate dense, up and down over the same selected rows
+    r, _ = evaluate(EvalSetting(str(res.output), "cats"), chunks, threads=2)
+    assert 0.0 < r.active < 1.0
+    assert r.ffn_work == pytest.approx((1.0 + 2.0 * r.active) / 3.0)
+
+
+def test_fit_thresholds_to_a_ppl_budget(work: Path, model_path: Path, converted: ConvertResult) -> None:
+    """The fit keeps the largest threshold scale within the budget, writes the thresholds times
+    that scale and the skipped share it measured: the written model at scale 1 scores what the
+    fit measured at its scale, on the same text."""
+    budget, text = 0.03, default_corpus("eval")
+    res = convert(model_path, work / "kx-fit.gguf", default_corpus("profile"),
+                  replace(OPTS, predictor=False, mode="threshold", fit_ppl=budget, fit_tokens=256),
+                  profile_dir=converted.profile_dir)
+    fit = res.fit
+    assert fit is not None and fit.mode == "threshold" and fit.tokens > 200
+    assert "fit" in res.seconds and "sparsity fit" in dict(summary_rows(res))
+    chosen = fit.chosen
+    if fit.met:
+        assert chosen.increase <= budget
+        over = [s for s in fit.steps if s.scale > fit.scale]
+        assert all(s.increase > budget for s in over)  # the next scale up failed, if tried
+    r = GGUFReader(res.output)
+    written = np.asarray(r.get_field(fmt.KEY_THRESHOLD).contents(), np.float32)
+    plain = np.asarray(converted.thresholds, np.float32)  # same profile, same calibration
+    assert np.allclose(written, plain * np.float32(fit.scale), rtol=1e-6)
+    assert r.get_field(fmt.KEY_SPARSITY).contents() == pytest.approx(1.0 - chosen.active, abs=1e-6)
+    with Model(res.output) as m:
+        from kairox_py.offline.evaluate import eval_chunks
+        chunks = eval_chunks(m, text, 256, 512)
+        again, _ = evaluate(EvalSetting(str(res.output), "threshold"), chunks, threads=2, model=m)
+    assert again.ppl == pytest.approx(chosen.ppl, rel=1e-4)
 
 
 def _predictor_stats(path: Path, threshold_scale: float = 1.0) -> tuple[float, float]:

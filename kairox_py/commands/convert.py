@@ -34,7 +34,8 @@ from ..offline.convert import (
 from ..offline.convert import (
     convert as run_convert,
 )
-from ..offline.corpus import load_corpus
+from ..offline.corpus import load_corpus, read_corpus
+from ..offline.fit import DEFAULT_FIT_TOKENS, DEFAULT_MAX_PPL_INCREASE
 from ..offline.grouping import DEFAULT_GROUP_SIZE
 from ..offline.predictor import TrainConfig
 from ..offline.profile import DEFAULT_TOKENS
@@ -62,7 +63,19 @@ def _given(param: str) -> bool:
               help="Tokens to profile.")
 @click.option("--sparsity", type=click.FloatRange(0.0, 1.0, max_open=True),
               default=DEFAULT_SPARSITY, show_default=True,
-              help="Target share of FFN neurons skipped (threshold calibration).")
+              help="Target share of FFN neurons skipped (threshold calibration); where given, "
+                   "the thresholds are kept at it (no --fit unless asked for).")
+@click.option("--fit/--no-fit", default=None,
+              help="Fit the thresholds to --max-ppl-increase on held-out text once the model is "
+                   "written: the largest threshold scale within the budget (default: on, off "
+                   "where --sparsity is given).")
+@click.option("--max-ppl-increase", type=click.FloatRange(0.0, 10.0, min_open=True, max_open=True),
+              default=DEFAULT_MAX_PPL_INCREASE, show_default=True,
+              help="--fit's budget: perplexity at most this share above dense.")
+@click.option("--fit-corpus", multiple=True, type=click.Path(dir_okay=False),
+              help="Text file(s) --fit scores (default: pydoc topics, held-out split).")
+@click.option("--fit-tokens", type=click.IntRange(min=64), default=DEFAULT_FIT_TOKENS, show_default=True,
+              help="Tokens --fit scores per threshold scale.")
 @click.option("--recall", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               default=DEFAULT_RECALL, show_default=True, help="Predictor recall target.")
 @click.option("--group-size", type=int, default=DEFAULT_GROUP_SIZE, show_default=True,
@@ -108,7 +121,8 @@ def _given(param: str) -> bool:
               help="Measure the sparse down's crossover on this machine at the end (kairox "
                    "calibrate; seconds on small models, a few minutes on 7B).")
 def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: tuple[str, ...],
-            tokens: int, sparsity: float, recall: float, group_size: int, down_type: str,
+            tokens: int, sparsity: float, fit: bool | None, max_ppl_increase: float,
+            fit_corpus: tuple[str, ...], fit_tokens: int, recall: float, group_size: int, down_type: str,
             down_t_in_file: bool, mode: str, activation: str, no_predictor: bool, max_pred_density: float, reorder: bool | None,
             epochs: int, pred_type: str,
             pred_down_scale: float, self_text: int | None, report_dir: str | None, threads: int | None,
@@ -123,7 +137,9 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
                           pred_type=pred_type, pred_down_scale=pred_down_scale, reorder=reorder,
                           tokens=tokens, threads=threads, train=TrainConfig(recall=recall, epochs=epochs),
                           self_text=self_text, activation=activation, max_pred_density=max_pred_density,
-                          profile_match_corpus=_given("corpus"), profile_match_tokens=_given("tokens"))
+                          profile_match_corpus=_given("corpus"), profile_match_tokens=_given("tokens"),
+                          fit_ppl=max_ppl_increase if (fit if fit is not None else not _given("sparsity")) else None,
+                          fit_tokens=fit_tokens, fit_corpus=read_corpus(fit_corpus) if fit_corpus else None)
     text = load_corpus(list(corpus), "profile")
     out = Path(output_path)
     rdir = Path(report_dir) if report_dir else out.with_name(out.name + ".report")

@@ -72,7 +72,8 @@ from ..outputs import (
 )
 from ..progress import make_progress
 from .blas import blas_threads
-from .corpus import Corpus
+from .corpus import Corpus, default_corpus
+from .fit import DEFAULT_FIT_TOKENS, DEFAULT_MAX_PPL_INCREASE, QualityFit, fit_thresholds
 from .grouping import (
     DEFAULT_GROUP_SIZE,
     METHOD_FREQUENCY,
@@ -165,6 +166,12 @@ class ConvertOptions:
     activation: str = "model"
     # predictors selecting more of the neurons than this are not written (DEFAULT_MAX_PRED_DENSITY)
     max_pred_density: float = DEFAULT_MAX_PRED_DENSITY
+    # fit the thresholds to a quality budget on the finished model (fit.py): the largest
+    # threshold scale whose held-out perplexity is within this share of dense; None keeps the
+    # calibration to `sparsity`. fit_corpus None: the default corpus's held-out split
+    fit_ppl: float | None = DEFAULT_MAX_PPL_INCREASE
+    fit_tokens: int = DEFAULT_FIT_TOKENS
+    fit_corpus: Corpus | None = None
 
 
 @dataclass
@@ -182,6 +189,8 @@ class ConvertResult:
     mode: str  # the model's default sparse mode as written (kairox.mode)
     # why trained predictors were not written (they selected too many neurons); None otherwise
     predictor_note: str | None = None
+    # the thresholds' fit to the quality budget (ConvertOptions.fit_ppl); None where not run
+    fit: QualityFit | None = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -271,6 +280,10 @@ def check_options(opts: ConvertOptions, inp: InputModel) -> None:
         raise KairoxError(f"--max-pred-density must be in (0, 1], got {opts.max_pred_density}")
     if opts.pred_type not in PRED_TYPES:
         raise KairoxError(f"predictor type must be one of {', '.join(PRED_TYPES)}")
+    if opts.fit_ppl is not None and not (0.0 < opts.fit_ppl < 10.0):
+        raise KairoxError(f"--max-ppl-increase must be in (0, 10), got {opts.fit_ppl}")
+    if opts.fit_tokens < 64:
+        raise KairoxError(f"--fit-tokens must be at least 64, got {opts.fit_tokens}")
     check_group_size(inp.n_ff, opts.group_size)
     check_quantizable(ggml_type(opts.down_type), inp.n_embd)
     if opts.pred_type not in _FLOAT_PRED_TYPES and opts.pred_type != "auto":
@@ -776,6 +789,12 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
         res.output_bytes = tmp.stat().st_size
         seconds["write"] = time.monotonic() - t
         release_pages(inp.reader)  # before the crossover maps the output
+        if opts.fit_ppl is not None and activation != "relu":  # ReLU: exact zeros, nothing to fit
+            t_fit = time.monotonic()
+            res.fit = fit_thresholds(tmp, opts.fit_corpus or default_corpus("eval"), opts.fit_ppl,
+                                     tokens=opts.fit_tokens, threads=opts.threads, console=console)
+            res.thresholds, res.cats_thresholds = thr * res.fit.scale, cats * res.fit.scale
+            seconds["fit"] = time.monotonic() - t_fit
         if before_publish is not None:
             before_publish(tmp, res)
 
@@ -877,6 +896,8 @@ def summary_rows(res: ConvertResult) -> list[tuple[str, str]]:
     if all(g.method == METHOD_IDENTITY for g in res.groupings):
         rows.append(("neuron order", "original (no predictors: no groups to gather; --reorder "
                                      "forces co-activation groups)" if not preds else "original"))
+    if res.fit is not None:
+        rows.append(("sparsity fit", res.fit.describe()))
     rows += grouping_rows(res.groupings)
     rows.append(("time", ", ".join(f"{k} {v:.1f}s" for k, v in res.seconds.items())))
     return rows

@@ -21,6 +21,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -117,13 +118,14 @@ def _pred_overhead(model_path: Path, n_embd: int, n_ff: int, n_proj: int) -> flo
 
 def evaluate(setting: EvalSetting, chunks: list[list[int]], *, threads: int | None = None,
              reference: list[np.ndarray] | None = None, console: Console | None = None,
-             keep_argmax: bool = False) -> tuple[EvalResult, list[np.ndarray]]:
-    """Perplexity of one setting; returns (result, per-chunk argmaxes if keep_argmax)."""
+             keep_argmax: bool = False, model: Model | None = None) -> tuple[EvalResult, list[np.ndarray]]:
+    """Perplexity of one setting; returns (result, per-chunk argmaxes if keep_argmax). `model`:
+    setting.model already open (several settings of one model load it once; left open)."""
     ctx = max(len(c) for c in chunks)
     t0 = time.monotonic()
     path = Path(setting.model)
     nll_sum, n_sum, agree, argmaxes = 0.0, 0, 0, []
-    with Model(path) as model:
+    with (nullcontext(model) if model is not None else Model(path)) as model:
         sparse = setting.mode != "dense"
         params = ContextParams(n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, mode=setting.mode,
                                threshold_scale=setting.threshold_scale,
@@ -157,7 +159,10 @@ def evaluate(setting: EvalSetting, chunks: list[list[int]], *, threads: int | No
                 if mode == "threshold":
                     work = (n_in + active) / (n_in + 1)
                 elif mode == "cats":
-                    work = (1.0 + predicted + active) / 3.0
+                    # up's selection is not counted by the library in CATS mode; down computes
+                    # every row whose act(gate)*up is nonzero, which is exactly up's selection
+                    up = active if math.isnan(predicted) else predicted
+                    work = (1.0 + up + active) / 3.0
                 else:
                     work = (n_in * predicted + active) / (n_in + 1) + _pred_overhead(
                         path, model.n_embd, model.n_ff, n_proj=n_in + 1)

@@ -1,0 +1,35 @@
+"""The quality-budget search of kairox_py/offline/fit.py on made-up perplexity curves (the
+fit on a real model is in tests/test_pipeline.py)."""
+from __future__ import annotations
+
+from kairox_py.offline.fit import FIT_SCALES, search_scale
+
+
+def _curve(slope: float) -> tuple[list[float], object]:
+    calls: list[float] = []
+
+    def increase(scale: float) -> float:
+        calls.append(scale)
+        return slope * scale
+
+    return calls, increase
+
+
+def test_walks_up_while_the_budget_holds() -> None:
+    calls, f = _curve(0.01)  # 2% at scale 2
+    assert search_scale(f, 0.02) == (2.0, True)
+    assert calls == [1.0, 1.4, 2.0, 2.8]  # stops at the first scale over the budget
+
+
+def test_walks_down_until_the_budget_holds() -> None:
+    calls, f = _curve(0.1)  # 3.5% at 0.35
+    assert search_scale(f, 0.04) == (0.35, True)
+    assert calls == [1.0, 0.7, 0.5, 0.35]
+
+
+def test_the_top_of_the_ladder_and_no_scale_at_all() -> None:
+    _, f = _curve(0.0)
+    assert search_scale(f, 0.02) == (FIT_SCALES[-1], True)
+    calls, g = _curve(1.0)
+    assert search_scale(g, 0.02) == (FIT_SCALES[0], False)
+    assert calls == sorted(FIT_SCALES[:FIT_SCALES.index(1.0) + 1], reverse=True)
