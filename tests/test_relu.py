@@ -108,3 +108,21 @@ def test_convert_with_activation_override(tmp_path: Path, tokens: list[int]) -> 
     assert float(np.sum((silu - relu) ** 2) / np.sum(relu ** 2)) > 1e-3
     with pytest.raises(KairoxError, match="activation"):
         ContextParams(activation="tanh").validate()
+
+
+@pytest.mark.parametrize("down_type", ["q6_k", "q4_k"])
+def test_k_quant_down_t_derived_at_load(relu_llama: Path, relu_profile: Profile, tokens: list[int],
+                                        down_type: str) -> None:
+    """A K-quant down_t type (written as the converter spells it, lower case) is derived at
+    load like the others, bit for bit the converter's own: same sparse logits as the file that
+    holds down_t."""
+    from kairox_py.offline.convert import convert
+    from kairox_py.offline.corpus import default_corpus
+
+    out = {}
+    for in_file in (False, True):
+        path = relu_llama.parent / f"relu-{down_type}-{int(in_file)}.gguf"
+        convert(relu_llama, path, default_corpus("profile"),
+                replace(OPTS, down_type=down_type, down_t_in_file=in_file), profile_dir=relu_profile.dir)
+        out[in_file] = all_logits(path, tokens, mode="threshold")
+    assert np.array_equal(out[False], out[True])
