@@ -233,7 +233,8 @@ def test_fit_thresholds_to_a_ppl_budget(work: Path, model_path: Path, converted:
     assert r.get_field(fmt.KEY_SPARSITY).contents() == pytest.approx(1.0 - chosen.active, abs=1e-6)
     with Model(res.output) as m:
         from kairox_py.offline.evaluate import eval_chunks
-        chunks = eval_chunks(m, text, 256, 512)
+        from kairox_py.offline.fit import FIT_CTX
+        chunks = eval_chunks(m, text, 256, FIT_CTX)
         again, _ = evaluate(EvalSetting(str(res.output), "threshold"), chunks, threads=2, model=m)
     assert again.ppl == pytest.approx(chosen.ppl, rel=1e-4)
 

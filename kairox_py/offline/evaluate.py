@@ -89,14 +89,22 @@ def eval_chunks(model: Model, corpus: Corpus, n_tokens: int, ctx: int) -> list[l
     return chunks
 
 
+#: positions whose log-softmax is computed at once: a block's float64 copy of a large
+#: vocabulary's logits (150k entries: 1.2 MB a row) stays small next to the model
+NLL_BLOCK = 32
+
+
 def _nll_and_argmax(logits: np.ndarray, tokens: Sequence[int]) -> tuple[float, int, np.ndarray]:
     """Sum of -log p(next token) over positions 0..n-2, their count, and the argmaxes."""
-    z = logits[:-1].astype(np.float64)
     target = np.asarray(tokens[1:])
-    m = z.max(axis=1)
-    lse = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
-    nll = float((lse - z[np.arange(len(target)), target]).sum())
-    return nll, len(target), logits[:-1].argmax(axis=1)
+    n = len(target)
+    nll = 0.0
+    for i in range(0, n, NLL_BLOCK):
+        z = logits[i:min(i + NLL_BLOCK, n)].astype(np.float64)
+        m = z.max(axis=1)
+        lse = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
+        nll += float((lse - z[np.arange(len(z)), target[i:i + len(z)]]).sum())
+    return nll, n, logits[:-1].argmax(axis=1)
 
 
 def _pred_overhead(model_path: Path, n_embd: int, n_ff: int, n_proj: int) -> float:

@@ -27,12 +27,16 @@ from .. import format as fmt
 from ..errors import KairoxError
 from ..llama import Model
 from .corpus import Corpus
-from .evaluate import DEFAULT_CTX, EvalResult, EvalSetting, eval_chunks, evaluate
+from .evaluate import EvalResult, EvalSetting, eval_chunks, evaluate
 
 #: relative perplexity increase over dense allowed on the fit text
 DEFAULT_MAX_PPL_INCREASE = 0.02
 #: tokens of held-out text scored per setting
 DEFAULT_FIT_TOKENS = 1024
+#: tokens per chunk (one decode call): the call's logits (ctx x vocabulary floats, held by the
+#: library, its compute buffer and Python) dominate the fit's memory on a large vocabulary,
+#: and the budget is a ratio to dense on the same chunks
+FIT_CTX = 256
 #: threshold scales tried (factors of the calibrated thresholds), in increasing sparsity
 FIT_SCALES: tuple[float, ...] = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
 
@@ -95,7 +99,7 @@ def fit_thresholds(path: Path, corpus: Corpus, max_increase: float, *, tokens: i
         raise KairoxError(f"the perplexity budget must be > 0, got {max_increase}")
     modes: set[str] = set()
     with Model(path) as model:
-        chunks = eval_chunks(model, corpus, tokens, DEFAULT_CTX)
+        chunks = eval_chunks(model, corpus, tokens, FIT_CTX)
         dense = evaluate(EvalSetting(str(path), "dense", label="fit dense"), chunks, threads=threads,
                          console=console, model=model)[0]
         steps: dict[float, FitStep] = {}
