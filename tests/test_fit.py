@@ -1,5 +1,5 @@
 """The quality-budget search of kairox_py/offline/fit.py on made-up perplexity curves (the
-fit on a real model is in tests/test_pipeline.py)."""
+fit on a real model is in tests/test_pipeline.py), and convert's automatic down_t type."""
 from __future__ import annotations
 
 from kairox_py.offline.fit import FIT_SCALES, search_scale
@@ -33,3 +33,23 @@ def test_the_top_of_the_ladder_and_no_scale_at_all() -> None:
     calls, g = _curve(1.0)
     assert search_scale(g, 0.02) == (FIT_SCALES[0], False)
     assert calls == sorted(FIT_SCALES[:FIT_SCALES.index(1.0) + 1], reverse=True)
+
+
+def test_auto_down_type_follows_the_original_down() -> None:
+    """auto: q6_k for 4-6 bit originals whose rows Q6_K can block, q8_0 otherwise; a named type
+    is kept."""
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType as T
+
+    from kairox_py.offline.convert import resolve_down_type
+
+    def inp(types: list[T], n_embd: int) -> SimpleNamespace:
+        tensors = {f"blk.{i}.ffn_down.weight": SimpleNamespace(tensor_type=t) for i, t in enumerate(types)}
+        return SimpleNamespace(n_layer=len(types), n_embd=n_embd, tensors=tensors)
+
+    assert resolve_down_type("auto", inp([T.Q4_K, T.Q6_K], 1536)) == "q6_k"   # Q4_K_M
+    assert resolve_down_type("auto", inp([T.Q4_K, T.Q6_K], 896)) == "q8_0"    # 896 % 256 != 0
+    assert resolve_down_type("auto", inp([T.Q8_0, T.Q6_K], 1536)) == "q8_0"   # an 8-bit layer
+    assert resolve_down_type("auto", inp([T.F16], 4096)) == "q8_0"
+    assert resolve_down_type("q4_0", inp([T.F16], 4096)) == "q4_0"

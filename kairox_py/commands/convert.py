@@ -80,8 +80,10 @@ def _given(param: str) -> bool:
               default=DEFAULT_RECALL, show_default=True, help="Predictor recall target.")
 @click.option("--group-size", type=int, default=DEFAULT_GROUP_SIZE, show_default=True,
               help="Neurons per co-activation group (must divide the FFN width).")
-@click.option("--down-type", type=click.Choice(WRITABLE_TYPES, case_sensitive=False),
-              default=DEFAULT_DOWN_TYPE, show_default=True, help="ggml type of ffn_down_t.")
+@click.option("--down-type", type=click.Choice(("auto", *WRITABLE_TYPES), case_sensitive=False),
+              default=DEFAULT_DOWN_TYPE, show_default=True,
+              help="ggml type of ffn_down_t (auto: q6_k where every original ffn_down has at most "
+                   "6 bits per weight and n_embd is a multiple of 256, else q8_0).")
 @click.option("--down-t-in-file", is_flag=True,
               help="Write ffn_down_t (a transposed copy of every ffn_down) into the file; by "
                    "default the loader derives it at load, and the file stays near the "
