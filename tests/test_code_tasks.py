@@ -323,3 +323,13 @@ def test_default_model_run(run_cli, model_path: Path, tmp_path: Path) -> None:  
     replies = [json.loads(line) for line in (out / "replies.jsonl").read_text().splitlines()]
     assert [x["id"] for x in replies] == ["count_vowels", "dedupe"]
 
+
+
+def test_settings_only_keeps_the_named_ones() -> None:
+    from kairox_py.offline.code_tasks import settings_for
+
+    all_three = settings_for("kx.gguf", True, "orig.gguf")
+    assert [s.label for s in all_three] == ["original", "dense", "sparse"]
+    assert [s.label for s in settings_for("kx.gguf", True, "orig.gguf", ["sparse"])] == ["sparse"]
+    with pytest.raises(KairoxError, match="no original setting"):
+        settings_for("kx.gguf", True, None, ["original"])

@@ -35,10 +35,12 @@ from ._common import resolve_model, stderr_console
               help="Seconds one answer's tests may run.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write results.md, results.csv and replies.jsonl here.")
+@click.option("--only", "only", multiple=True, type=click.Choice(("original", "dense", "sparse")),
+              help="Score only these settings (repeatable; default: every one the run has).")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None, help="CPU threads.")
 def passk(model: str | None, reference: str | None, tasks_file: str | None, ids: str | None,
           limit: int | None, max_tokens: int, timeout: float, out_dir: str | None,
-          threads: int | None) -> None:
+          only: tuple[str, ...], threads: int | None) -> None:
     """pass@1 (greedy) of MODEL (a GGUF; default: the default model) on Python
     function-completion tasks: each answer runs against the task's tests. A Kairox GGUF is
     scored dense and in its own sparse mode, a plain GGUF dense; --reference adds the
@@ -53,7 +55,7 @@ def passk(model: str | None, reference: str | None, tasks_file: str | None, ids:
         raise KairoxError("no tasks selected")
     path = str(resolve_model(model, console))
     summaries = {p: inspect_gguf(p) for p in [path, *([reference] if reference else [])]}
-    settings = settings_for(path, summaries[path].has_kairox_data, reference)
+    settings = settings_for(path, summaries[path].has_kairox_data, reference, only)
     results, replies = run_settings(settings, tasks, threads=threads, max_tokens=max_tokens, timeout=timeout,
                                     console=console)
     title = (f"pass@1 on {len(tasks)} Python function-completion tasks "

@@ -354,13 +354,21 @@ def check_answer(task: CodeTask, reply: str, timeout: float = DEFAULT_TIMEOUT) -
 # ---------------------------------------------------------------------------------------
 # Running a model
 # ---------------------------------------------------------------------------------------
-def settings_for(model: str, has_sparse: bool, reference: str | None = None) -> list[Setting]:
+def settings_for(model: str, has_sparse: bool, reference: str | None = None,
+                 only: Sequence[str] = ()) -> list[Setting]:
     """What one run compares: the reference GGUF dense, the model dense, and (a Kairox GGUF)
-    the model in its own sparse mode."""
+    the model in its own sparse mode; `only` keeps the named ones (a run is minutes per
+    setting, and greedy answers of a setting scored before do not change)."""
     out = [Setting("original", reference, "dense")] if reference else []
     out.append(Setting("dense", model, "dense"))
     if has_sparse:
         out.append(Setting("sparse", model, "auto"))
+    if only:
+        missing = set(only) - {s.label for s in out}
+        if missing:
+            raise KairoxError(f"no {', '.join(sorted(missing))} setting for this run (the original needs "
+                              "--reference, sparse a Kairox GGUF)")
+        out = [s for s in out if s.label in only]
     return out
 
 
