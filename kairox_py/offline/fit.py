@@ -98,7 +98,9 @@ def fit_thresholds(path: Path, corpus: Corpus, max_increase: float, *, tokens: i
     if not (max_increase > 0 and math.isfinite(max_increase)):
         raise KairoxError(f"the perplexity budget must be > 0, got {max_increase}")
     modes: set[str] = set()
-    with Model(path) as model:
+    # weights read into the library's buffers, not mapped: the mapped file's pages that the
+    # loader repacked from would stay in this process's resident set next to their copies
+    with Model(path, use_mmap=False) as model:
         chunks = eval_chunks(model, corpus, tokens, FIT_CTX)
         dense = evaluate(EvalSetting(str(path), "dense", label="fit dense"), chunks, threads=threads,
                          console=console, model=model)[0]
