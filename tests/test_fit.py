@@ -18,13 +18,13 @@ def _curve(slope: float) -> tuple[list[float], object]:
 def test_walks_up_while_the_budget_holds() -> None:
     calls, f = _curve(0.01)  # 2% at scale 2
     assert search_scale(f, 0.02) == (2.0, True)
-    assert calls == [1.0, 1.4, 2.0, 2.8]  # stops at the first scale over the budget
+    assert calls == [1.0, 1.19, 1.41, 1.68, 2.0, 2.38]  # stops at the first scale over the budget
 
 
 def test_walks_down_until_the_budget_holds() -> None:
     calls, f = _curve(0.1)  # 3.5% at 0.35
     assert search_scale(f, 0.04) == (0.35, True)
-    assert calls == [1.0, 0.7, 0.5, 0.35]
+    assert calls == [1.0, 0.84, 0.71, 0.59, 0.5, 0.42, 0.35]
 
 
 def test_the_top_of_the_ladder_and_no_scale_at_all() -> None:

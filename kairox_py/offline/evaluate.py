@@ -36,6 +36,10 @@ from .corpus import Corpus
 
 DEFAULT_EVAL_TOKENS = 4096
 DEFAULT_CTX = 512
+#: tokens per decode call within a chunk: the chunk's context is the same as one call's (the
+#: KV cache carries it), while the call's logits (tokens x vocabulary floats, in the library,
+#: its compute buffer and Python) stay small on a large vocabulary
+EVAL_CALL_TOKENS = 128
 
 
 @dataclass(frozen=True)
@@ -94,17 +98,16 @@ def eval_chunks(model: Model, corpus: Corpus, n_tokens: int, ctx: int) -> list[l
 NLL_BLOCK = 32
 
 
-def _nll_and_argmax(logits: np.ndarray, tokens: Sequence[int]) -> tuple[float, int, np.ndarray]:
-    """Sum of -log p(next token) over positions 0..n-2, their count, and the argmaxes."""
-    target = np.asarray(tokens[1:])
-    n = len(target)
+def _nll_and_argmax_rows(rows: np.ndarray, targets: Sequence[int]) -> tuple[float, np.ndarray]:
+    """Sum of -log p(target) over logits rows, one target per row, and the rows' argmaxes."""
+    target = np.asarray(targets)
     nll = 0.0
-    for i in range(0, n, NLL_BLOCK):
-        z = logits[i:min(i + NLL_BLOCK, n)].astype(np.float64)
+    for i in range(0, len(target), NLL_BLOCK):
+        z = rows[i:i + NLL_BLOCK].astype(np.float64)
         m = z.max(axis=1)
         lse = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
         nll += float((lse - z[np.arange(len(z)), target[i:i + len(z)]]).sum())
-    return nll, n, logits[:-1].argmax(axis=1)
+    return nll, rows.argmax(axis=1)
 
 
 def _pred_overhead(model_path: Path, n_embd: int, n_ff: int, n_proj: int) -> float:
@@ -130,24 +133,33 @@ def evaluate(setting: EvalSetting, chunks: list[list[int]], *, threads: int | No
     """Perplexity of one setting; returns (result, per-chunk argmaxes if keep_argmax). `model`:
     setting.model already open (several settings of one model load it once; left open)."""
     ctx = max(len(c) for c in chunks)
+    call = min(ctx, EVAL_CALL_TOKENS)
     t0 = time.monotonic()
     path = Path(setting.model)
     nll_sum, n_sum, agree, argmaxes = 0.0, 0, 0, []
     with (nullcontext(model) if model is not None else Model(path)) as model:
         sparse = setting.mode != "dense"
-        params = ContextParams(n_ctx=ctx, n_batch=ctx, n_ubatch=ctx, mode=setting.mode,
+        params = ContextParams(n_ctx=ctx, n_batch=call, n_ubatch=call, mode=setting.mode,
                                threshold_scale=setting.threshold_scale,
                                pred_threshold=setting.pred_threshold,
-                               max_sparse_tokens=ctx if sparse else 0, stats=sparse,
+                               max_sparse_tokens=call if sparse else 0, stats=sparse,
                                n_threads=threads)
         with model.session(params) as s, make_progress(console, transient=True) as bar:
             task = bar.add_task(f"eval {setting.label or path.name}", total=len(chunks))
             mode = s.mode
             for i, chunk in enumerate(chunks):
                 s.reset()
-                logits = s.decode(chunk, all_logits=True)
-                assert logits is not None
-                nll, n, am = _nll_and_argmax(logits, chunk)
+                nll, n, ams = 0.0, 0, []
+                for a in range(0, len(chunk), call):
+                    # the chunk's context grows call by call in the KV cache; the last row of a
+                    # call predicts the next call's first token
+                    logits = s.decode(chunk[a:a + call], all_logits=True)
+                    assert logits is not None
+                    targets = chunk[a + 1:a + call + 1]
+                    dn, dam = _nll_and_argmax_rows(logits[:len(targets)], targets)
+                    nll, n = nll + dn, n + len(targets)
+                    ams.append(dam)
+                am = np.concatenate(ams)
                 nll_sum += nll
                 n_sum += n
                 if reference is not None:

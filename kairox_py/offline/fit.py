@@ -27,18 +27,19 @@ from .. import format as fmt
 from ..errors import KairoxError
 from ..llama import Model
 from .corpus import Corpus
-from .evaluate import EvalResult, EvalSetting, eval_chunks, evaluate
+from .evaluate import DEFAULT_CTX, EvalResult, EvalSetting, eval_chunks, evaluate
 
 #: relative perplexity increase over dense allowed on the fit text
 DEFAULT_MAX_PPL_INCREASE = 0.02
 #: tokens of held-out text scored per setting
 DEFAULT_FIT_TOKENS = 1024
-#: tokens per chunk (one decode call): the call's logits (ctx x vocabulary floats, held by the
-#: library, its compute buffer and Python) dominate the fit's memory on a large vocabulary,
-#: and the budget is a ratio to dense on the same chunks
-FIT_CTX = 256
-#: threshold scales tried (factors of the calibrated thresholds), in increasing sparsity
-FIT_SCALES: tuple[float, ...] = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
+#: tokens of context per scored chunk: kairox eval's, so that the budget means what its
+#: perplexity figures mean (a shorter context raises dense perplexity and shrinks the ratio)
+FIT_CTX = DEFAULT_CTX
+#: threshold scales tried (factors of the calibrated thresholds), in increasing sparsity:
+#: quarter octaves from 1/4 to 4, fine enough that a step moves perplexity by well under
+#: a typical budget near the calibration
+FIT_SCALES: tuple[float, ...] = tuple(round(2.0 ** (k / 4), 2) for k in range(-8, 9))
 
 
 @dataclass
