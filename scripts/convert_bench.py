@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from kairox_py.benchmark.synthetic import SHAPES, write_synthetic_llama  # noqa: E402
 
-STAGES = ("self-text", "profile", "calibrate", "predictors", "grouping", "write")
+STAGES = ("self-text", "profile", "calibrate", "predictors", "grouping", "write", "fit")
 FIELDS = ("label", "date", "model", "args", "wall_s", *(f"{s}_s" for s in STAGES), "finish_s",
           "peak_rss_mb", "maxrss_mb", *(f"{s}_rss_mb" for s in STAGES), "finish_rss_mb",
           "model_mb", "out_mb", "size_ratio", "predictors", "grouping")
