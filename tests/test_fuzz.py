@@ -56,11 +56,7 @@ class KnownIssue:
 
 
 #: open C++ failures found by the fuzzer on the normal build (remove an entry with its fix)
-KNOWN_ISSUES: tuple[KnownIssue, ...] = (
-    KnownIssue("crash SIGABRT", r"weight: type \d+ -> 2[4-8]\b",
-               "an upstream weight (a norm) retyped to an integer type reaches ggml's binary ops, "
-               "which abort: upstream loads any tensor type for any weight"),
-)
+KNOWN_ISSUES: tuple[KnownIssue, ...] = ()
 
 
 def known(sig: str, desc: str) -> KnownIssue | None:
