@@ -287,6 +287,41 @@ def test_conversion_without_predictors_loads(tmp_path: Path) -> None:
 
 
 # ---- memory ----------------------------------------------------------------------------------
+def test_written_data_is_released_before_the_fit(tmp_path: Path) -> None:
+    """Once the file is written, neither the plan's makers nor the kept predictors hold weight
+    data (the fit and the crossover then load the model as it runs, and a 7B conversion's peak
+    is there); the predictors keep their ranks and scores for the summary and the report."""
+    src = write_synthetic_llama(tmp_path / "tiny.gguf", SHAPES["tiny"], wtype="f16", seed=3)
+    s = SHAPES["tiny"]
+    prof = write_profile(tmp_path / "prof", *predictable(s.n_layer, 3000, s.n_embd, s.n_ff), model=src)
+    opts = ConvertOptions(group_size=32, tokens=3000, recall=0.9, fit_ppl=None,
+                          train=replace(FAST_TRAIN, epochs=6, max_train=2400), max_pred_density=1.0)
+    res = convert(src, tmp_path / "kx.gguf", Corpus("synthetic", "synthetic"), opts, profile_dir=prof.dir)
+    kept = [p for p in res.predictors if p is not None]
+    assert kept, res.predictor_note
+    assert all(p.w1.size == 0 and p.w2.size == 0 and p.rank > 0 for p in kept)
+    ranks = GGUFReader(res.output).get_field(fmt.KEY_PRED_RANK).contents()
+    assert ranks == [p.rank if p is not None else 0 for p in res.predictors]
+    assert dict(summary_rows(res))["predictor rank (min/mean/max)"].startswith(str(min(p.rank for p in kept)))
+    with Model(res.output) as m:
+        assert m.has_predictor
+
+
+def test_write_tensors_drops_each_maker(tmp_path: Path) -> None:
+    from gguf import GGUFWriter
+
+    from kairox_py.offline.convert import NewTensor, write_tensors
+
+    data = np.arange(8, dtype=np.float32)
+    plan = [NewTensor(f"t{i}", (8,), np.float32, 32, None, lambda: data) for i in range(3)]
+    w = GGUFWriter(tmp_path / "x.gguf", "llama")
+    write_tensors(w, plan, None)
+    for t in plan:
+        with pytest.raises(KairoxError, match="written twice"):
+            t.make()
+    assert GGUFReader(tmp_path / "x.gguf").tensors[2].data.tolist() == data.tolist()
+
+
 def test_layer_passes_hold_about_a_chunk(tmp_path: Path) -> None:
     """The streaming passes of one layer (thresholds, predictor outliers, frequency grouping and
     its scores) allocate a bounded multiple of one chunk of float32 rows, not the layer: here

@@ -98,7 +98,9 @@ def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode:
     machine drifts), on the same greedy continuation of `prompt`."""
     if n_tokens < 1 or rounds < 1:
         raise KairoxError("tokens and rounds must be >= 1")
-    with Model(path) as m:
+    # weights read, not mapped: the mapped pages of the tensors the loader repacks would stay
+    # resident next to their copies (a conversion's peak memory, as in fit.py)
+    with Model(path, use_mmap=False) as m:
         if not m.has_sparsity:
             raise KairoxError(f"{path} carries no Kairox sparsity data: convert it first (kairox convert)")
         base = ContextParams(n_ctx=512, n_threads=threads, mode=mode, stats=True)

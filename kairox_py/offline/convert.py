@@ -34,6 +34,8 @@ converted model run dense gives the original logits bit for bit.
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import math
 import mmap
 import os
@@ -488,6 +490,23 @@ def release_pages(reader: GGUFReader) -> None:
             pass  # only a memory optimisation
 
 
+def release_heap() -> None:
+    """Collect garbage and hand the C heap's free pages back to the system (glibc's
+    malloc_trim), so that what a finished stage freed does not stay in the resident set while
+    the next stage loads the model. Elsewhere this only collects."""
+    gc.collect()
+    try:
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    except OSError:
+        trim = None
+    if trim is not None:
+        trim(0)
+
+
+def _written() -> np.ndarray:
+    raise KairoxError("internal error: a planned tensor was written twice")
+
+
 # ---------------------------------------------------------------------------------------
 # writing
 # ---------------------------------------------------------------------------------------
@@ -719,6 +738,8 @@ def write_tensors(writer: GGUFWriter, plan: Sequence[NewTensor], console: Consol
                 raise KairoxError(f"internal error: tensor {t.name} has shape {data.shape}, "
                                   f"planned {t.shape}")
             writer.write_tensor_data(data, tensor_endianess=endianess)
+            t.make = _written  # what made the data (quantized predictors, ...) can go now
+            del data
             bar.advance(task)
             if i == len(plan) // 2:
                 pause_point("write")  # test hook (outputs.pause_point): half the tensors written
@@ -810,6 +831,13 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
         res.output_bytes = tmp.stat().st_size
         seconds["write"] = time.monotonic() - t
         release_pages(inp.reader)  # before the crossover maps the output
+        # the fit and the crossover load the finished model as it runs: what the earlier
+        # stages hold goes first (the predictors' weights are in the file; the report and
+        # the summary read their scores only)
+        for p in predictors:
+            if p is not None:
+                p.drop_weights()
+        release_heap()
         if opts.fit_ppl is not None and activation != "relu":  # ReLU: exact zeros, nothing to fit
             t_fit = time.monotonic()
             res.fit = fit_thresholds(tmp, opts.fit_corpus or default_corpus("eval"), opts.fit_ppl,

@@ -85,6 +85,12 @@ class LayerPredictor:
     def rank(self) -> int:
         return int(self.w1.shape[0])
 
+    def drop_weights(self) -> None:
+        """Free W1 and W2 once written, keeping their shapes' rank and the scores (what the
+        report and the summary read)."""
+        self.w1 = np.empty((self.rank, 0), dtype=self.w1.dtype)
+        self.w2 = np.empty((0, self.rank), dtype=self.w2.dtype)
+
     def logits(self, x: np.ndarray) -> np.ndarray:
         h = np.maximum(x @ self.w1.T + self.b1, 0.0)
         return h @ self.w2.T + self.b2
