@@ -813,6 +813,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--parallel", type=int, default=None, help="server slots (default: the most --clients)")
     p.add_argument("-c", "--ctx", type=int, default=4096, help="server context, all slots together (default: 4096)")
     p.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 1, help="server threads (default: all cores)")
+    p.add_argument("--load-mode", default="none",
+                   help="llama-server --load-mode for every mode (default: none, weights read into the "
+                        "server's buffers as `kairox run` reads them: the sparse kernels read rows at "
+                        "random, which huge-page buffers serve faster than a file map; the same for the "
+                        "original, so that both are served alike); 'auto' is upstream's default, the map")
     p.add_argument("--server-args", default="", help="extra llama-server arguments, one shell-quoted string")
     p.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for /health (default: 120)")
     p.add_argument("--clients", default="4", help="concurrent streaming clients, or a comma-separated list of "
@@ -894,6 +899,8 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         extra = tuple(shlex.split(args.server_args))
     except ValueError as e:
         raise LoadError(f"--server-args: {e}") from None
+    if not any(a in ("-lm", "--load-mode") or a.startswith("--load-mode=") for a in extra):
+        extra = ("--load-mode", args.load_mode, *extra)
     return ServerConfig(find_server_bin(args.server_bin), model.resolve(),
                         original.resolve() if original else None, args.parallel, args.ctx,
                         args.threads, extra, args.start_timeout)
