@@ -16,7 +16,7 @@ gaps between streamed tokens, throughput per client and in total, and the server
 memory over time.
 
 With ``--model`` the tool starts ``llama-server`` itself (``--server-bin``, default
-``build/new/bin/llama-server`` of this repository, else ``llama-server`` on PATH) on a free
+``build/dev/bin/llama-server`` of this repository (README's developer build), else ``llama-server`` on PATH) on a free
 port, once per mode of ``--modes``, one after the other, with the same clients and prompts:
 
 * ``sparse``: the model's own Kairox setting (``--kx-mode auto``; a Kairox GGUF runs sparse);
@@ -84,7 +84,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_SERVER_BIN = REPO / "build" / "new" / "bin" / "llama-server"
+DEFAULT_SERVER_BIN = REPO / "build" / "dev" / "bin" / "llama-server"
 
 # --modes name -> the server arguments that select it
 MODE_ARGS: dict[str, list[str]] = {

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,15 @@ import pytest
 from conftest import REPO
 from kairox_py.default_model import model_path
 
-SERVER_BIN = REPO / "build" / "new" / "bin" / "llama-server"
+DEV_SERVER = REPO / "build" / "dev" / "bin" / "llama-server"
+
+
+def server_bin() -> Path | None:
+    """README's developer build, else the llama-server `pip install .` put on PATH."""
+    if DEV_SERVER.exists():
+        return DEV_SERVER
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
 
 
 def cached_kairox_model() -> Path | None:
@@ -30,15 +39,16 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
     if importlib.util.find_spec("openai") is None:
         pytest.skip("the openai package is not installed (pip install '.[serve]')")
-    if not SERVER_BIN.exists():
-        pytest.skip(f"{SERVER_BIN.relative_to(REPO)} is not built")
+    server = server_bin()
+    if server is None:
+        pytest.skip("no llama-server: neither build/dev's nor one on PATH")
     model = cached_kairox_model()
     if model is None:
         pytest.skip("no Kairox conversion of the default model is cached (run `kairox run` once)")
 
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "scripts" / "serve_load.py"), "--model", str(model),
-           "--original", str(model_path()), "--server-bin", str(SERVER_BIN), "--modes", "sparse,original,dense",
+           "--original", str(model_path()), "--server-bin", str(server), "--modes", "sparse,original,dense",
            "--requests", "8", "--clients", "2,1", "-c", "1024", "-t", "2", "--max-tokens", "16",
            "--cancel-share", "0.25", "--progress-every", "2", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
