@@ -651,6 +651,7 @@ def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: 
         for n in load.clients:
             start = sampler.elapsed()
             wall, results = run_load(server_url, mode, n, load, proc, log)
+            sampler.sample()  # the load's end: a load shorter than the interval still has one
             busy[n] = busy_slots(server_url)
             spans.append((n, wall, results, start, sampler.elapsed()))
             failed = [r for r in results if r.status == STATUS_FAILED]
