@@ -16,8 +16,9 @@ gaps between streamed tokens, throughput per client and in total, and the server
 memory over time.
 
 With ``--model`` the tool starts ``llama-server`` itself (``--server-bin``, default
-``build/dev/bin/llama-server`` of this repository (README's developer build), else ``llama-server`` on PATH) on a free
-port, once per mode of ``--modes``, one after the other, with the same clients and prompts:
+``build/dev/bin/llama-server`` of this repository, README's developer build, else
+``llama-server`` on PATH) on a free port, once per mode of ``--modes``, one after the other,
+with the same clients and prompts:
 
 * ``sparse``: the model's own Kairox setting (``--kx-mode auto``; a Kairox GGUF runs sparse);
 * ``original``: the ORIGINAL GGUF (``--original``) served as llama.cpp serves it, no Kairox

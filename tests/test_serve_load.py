@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,15 +12,18 @@ import pytest
 from conftest import REPO
 from kairox_py.default_model import model_path
 
-DEV_SERVER = REPO / "build" / "dev" / "bin" / "llama-server"
-
 
 def server_bin() -> Path | None:
-    """README's developer build, else the llama-server `pip install .` put on PATH."""
-    if DEV_SERVER.exists():
-        return DEV_SERVER
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
+    """The llama-server serve_load itself would start (build/dev's, else the one on PATH)."""
+    spec = importlib.util.spec_from_file_location("serve_load", REPO / "scripts" / "serve_load.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("serve_load", mod)  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    try:
+        return mod.find_server_bin(None)
+    except mod.LoadError:
+        return None
 
 
 def cached_kairox_model() -> Path | None:
