@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import importlib.util
 import subprocess
 import sys
@@ -94,3 +95,10 @@ def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
     assert "| sparse | 2 |" in md and "| original | 1 |" in md and "x_base" in md
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "serve_load.png").stat().st_size > 0
+
+    # every server starts without an error line: upstream's memory-fit pass loads the model
+    # without data, which a Kairox GGUF whose ffn_down_t is derived at load must survive
+    for mode in modes:
+        log = (out / f"server-{mode}.log").read_text(errors="replace")
+        errors = [line for line in log.splitlines() if re.match(r"^\S+ E ", line)]
+        assert not errors, (mode, errors)
