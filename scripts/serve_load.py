@@ -32,6 +32,12 @@ per count, in that order (``--parallel`` defaults to the largest), and every row
 has ``x_base``, its throughput over the baseline mode's (``original``, else ``dense``) at the same
 client count, in the same run.
 
+``--rounds R`` splits the requests (or the duration) of every mode and client count into R rounds
+and starts a fresh server per mode and round, the modes in turn (ABBA: the order reverses every
+round). Each mode's figures then cover R server processes spread over the whole run, so a slow
+stretch of the machine or one server's unlucky memory placement weighs on every mode alike;
+``rounds.csv`` has each round's throughput and ratio, so their spread shows.
+
 It waits for ``/health``, samples the server's VmRSS (``/proc/PID/status``) every second and
 stops the server at the end, on errors and on Ctrl-C. With ``--url`` it drives a running
 server instead (one mode, used as a label; no memory samples).
@@ -44,14 +50,16 @@ counts as cancelled, not failed.
 
 Writes under --out:
 
-* ``requests.csv``: one row per request (mode, clients, client, request, prompt, start, ttft,
-  n_tokens, duration, status, error);
+* ``requests.csv``: one row per request (mode, round, clients, client, request, prompt, start,
+  ttft, n_tokens, duration, status, error);
 * ``summary.csv``, ``summary.md``: one row per mode and client count: requests ok / failed /
   cancelled, tokens/s in total (and over the baseline's) and per client, TTFT and inter-token
   latency p50/p95/p99, server RSS;
 * ``clients.csv``: tokens and tokens/s per mode, client count and client;
-* ``rss.csv``: the server's resident memory per second and mode (when the tool started it);
-* ``server-MODE.log``: the server's output (when the tool started it);
+* ``rounds.csv`` (``--rounds`` > 1): tokens/s and x_base per round, mode and client count;
+* ``rss.csv``: the server's resident memory per second, mode and round (when the tool started it);
+* ``server-MODE.log`` (``server-MODE-rROUND.log`` with rounds): the server's output (when the
+  tool started it);
 * ``serve_load.png``: RSS over time and the latency CDFs (needs matplotlib);
 * ``soak.csv``, ``soak.md`` (``--soak-window S``): per run, resident memory at the end against
   the end of the warm-up (``--soak-warmup``), and the p99 inter-token gap of the last window
@@ -80,7 +88,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +152,20 @@ class LoadConfig:
     request_timeout: float
     progress_every: float
     model_name: str
+    rounds: int = 1
+    first_request: int = 0  # index of this round's first request
+
+    def for_round(self, r: int) -> LoadConfig:
+        """The load of round r of `rounds`: its share of the requests or of the duration."""
+        if self.rounds == 1:
+            return self
+        requests = None
+        first = r * 1_000_000  # a timed round: its own request numbers (and cancel draws)
+        if self.requests is not None:
+            first = self.requests * r // self.rounds
+            requests = self.requests * (r + 1) // self.rounds - first
+        duration = self.duration / self.rounds if self.duration is not None else None
+        return replace(self, requests=requests, duration=duration, first_request=first)
 
 
 @dataclass(frozen=True)
@@ -190,6 +212,7 @@ class ModeRun:
     rss_load_start: float | None  # seconds since server start when this run's load began
     rss_load_end: float | None  # ... and when it ended
     busy_slots: int | None = None  # slots still processing after the load (None: not known)
+    round: int = 0  # --rounds: which round (one server start per mode and round)
 
 
 class Collector:
@@ -211,10 +234,10 @@ class Collector:
 class Budget:
     """Hands out request indices until --requests are given out, --duration passes or stop."""
 
-    def __init__(self, total: int | None, deadline: float | None, stop: threading.Event) -> None:
+    def __init__(self, total: int | None, deadline: float | None, stop: threading.Event, first: int = 0) -> None:
         self._lock = threading.Lock()
-        self._next = 0
-        self._total = total
+        self._next = first  # a later round continues the request numbering (and its cancel draws)
+        self._total = None if total is None else first + total
         self._deadline = deadline
         self._stop = stop
 
@@ -251,43 +274,52 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def client_rates(run: ModeRun) -> list[tuple[int, int, int, float]]:
-    """(client, requests, tokens, tokens/s over the run's wall time) per client."""
+def client_rates(rounds: Sequence[ModeRun]) -> list[tuple[int, int, int, float]]:
+    """(client, requests, tokens, tokens/s over the wall time) per client, over the rounds of
+    one mode and client count."""
+    wall = sum(run.wall for run in rounds)
     rows = []
-    for c in range(run.clients):
-        mine = [r for r in run.results if r.client == c]
+    for c in range(rounds[0].clients):
+        mine = [r for run in rounds for r in run.results if r.client == c]
         tokens = sum(r.n_tokens for r in mine)
-        rows.append((c, len(mine), tokens, tokens / run.wall if run.wall > 0 else 0.0))
+        rows.append((c, len(mine), tokens, tokens / wall if wall > 0 else 0.0))
     return rows
 
 
-def run_rate(run: ModeRun) -> float:
-    """Aggregate tokens per second of a run."""
-    return sum(r.n_tokens for r in run.results) / run.wall if run.wall > 0 else 0.0
+def run_rate(rounds: Sequence[ModeRun]) -> float:
+    """Aggregate tokens per second of runs together: all their tokens over all their wall time."""
+    wall = sum(run.wall for run in rounds)
+    return sum(r.n_tokens for run in rounds for r in run.results) / wall if wall > 0 else 0.0
 
 
-def summarize(run: ModeRun, base: ModeRun | None) -> dict[str, str]:
-    """One summary row for a run, as strings ready for CSV and Markdown; base: the baseline
-    mode's run at the same client count (None: no baseline in this run)."""
-    res = run.results
+def summarize(rounds: Sequence[ModeRun], base: Sequence[ModeRun] | None) -> dict[str, str]:
+    """One summary row for the rounds of one mode and client count, as strings ready for CSV
+    and Markdown; base: the baseline mode's rounds at the same client count (None: no baseline
+    in this run)."""
+    run = rounds[0]
+    res = [r for one in rounds for r in one.results]
+    wall = sum(one.wall for one in rounds)
     count = {s: sum(r.status == s for r in res) for s in (STATUS_OK, STATUS_FAILED, STATUS_CANCELLED)}
     tokens = sum(r.n_tokens for r in res)
     ttfts = [r.ttft for r in res if r.ttft is not None]
     gaps = [g for r in res for g in r.gaps]
-    per_client = [rate for _, _, _, rate in client_rates(run)]
-    in_load = [mib for t, mib in load_samples(run)]
+    per_client = [rate for _, _, _, rate in client_rates(rounds)]
+    in_load = [mib for one in rounds for t, mib in load_samples(one)]
+    last_load = load_samples(rounds[-1])
     before = [mib for t, mib in run.rss if run.rss_load_start is not None and t < run.rss_load_start]
+    busy = [one.busy_slots for one in rounds if one.busy_slots is not None]
     return {
         "mode": run.mode,
         "clients": str(run.clients),
+        "rounds": str(len(rounds)),
         "requests": str(len(res)),
         "ok": str(count[STATUS_OK]),
         "failed": str(count[STATUS_FAILED]),
         "cancelled": str(count[STATUS_CANCELLED]),
-        "wall_s": fmt(run.wall),
+        "wall_s": fmt(wall),
         "tokens": str(tokens),
-        "tok_s": fmt(tokens / run.wall if run.wall > 0 else None),
-        "x_base": fmt(run_rate(run) / run_rate(base), 3) if base is not None and run_rate(base) > 0 else "",
+        "tok_s": fmt(tokens / wall if wall > 0 else None),
+        "x_base": fmt(run_rate(rounds) / run_rate(base), 3) if base and run_rate(base) > 0 else "",
         "tok_s_client_min": fmt(min(per_client, default=None)),
         "tok_s_client_mean": fmt(sum(per_client) / len(per_client) if per_client else None),
         "tok_s_client_max": fmt(max(per_client, default=None)),
@@ -299,8 +331,8 @@ def summarize(run: ModeRun, base: ModeRun | None) -> dict[str, str]:
         "itl_p99_ms": ms(percentile(gaps, 99)),
         "rss_idle_mib": fmt(before[-1] if before else None),
         "rss_peak_mib": fmt(max(in_load, default=None)),
-        "rss_end_mib": fmt(in_load[-1] if in_load else None),
-        "busy_slots_after": "" if run.busy_slots is None else str(run.busy_slots),
+        "rss_end_mib": fmt(last_load[-1][1] if last_load else None),
+        "busy_slots_after": str(max(busy)) if busy else "",
     }
 
 
@@ -438,11 +470,12 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def running_server(cfg: ServerConfig, mode: str, out: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path, RssSampler]]:
+def running_server(cfg: ServerConfig, mode: str, out: Path,
+                   label: str = "") -> Iterator[tuple[str, subprocess.Popen[bytes], Path, RssSampler]]:
     """Starts llama-server for a mode and its RSS sampler, waits for /health, yields (url,
-    process, log, sampler), stops both."""
+    process, log, sampler), stops both; label: the log name's suffix (the round)."""
     port = free_port()
-    log = out / f"server-{mode}.log"
+    log = out / f"server-{mode}{label}.log"
     model = cfg.original if mode == "original" else cfg.model
     assert model is not None
     cmd = [str(cfg.binary), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
@@ -606,7 +639,7 @@ def run_load(url: str, mode: str, clients: int, cfg: LoadConfig, server: subproc
     sink = Collector()
     t0 = time.monotonic()
     deadline = t0 + cfg.duration if cfg.duration is not None else None
-    budget = Budget(cfg.requests, deadline, stop)
+    budget = Budget(cfg.requests, deadline, stop, cfg.first_request)
     threads = [threading.Thread(target=client_loop, args=(url, mode, clients, c, cfg, budget, sink, t0, stop),
                                 name=f"client-{c}", daemon=True) for c in range(clients)]
     for t in threads:
@@ -633,7 +666,7 @@ def run_load(url: str, mode: str, clients: int, cfg: LoadConfig, server: subproc
 
 
 def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: str | None,
-             out: Path) -> list[ModeRun]:
+             out: Path, round_: int = 0) -> list[ModeRun]:
     """One server for the mode (or the running --url), the load once per client count."""
     if server_cfg is None:
         assert url is not None
@@ -641,13 +674,14 @@ def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: 
         runs = []
         for n in load.clients:
             wall, results = run_load(url, mode, n, load, None, None)
-            runs.append(ModeRun(mode, n, wall, results, [], None, None))
+            runs.append(ModeRun(mode, n, wall, results, [], None, None, round=round_))
         return runs
-    print(f"[{mode}] starting {server_cfg.binary.name} ({shlex.join(MODE_ARGS[mode]) or 'no Kairox option'})",
-          flush=True)
+    label = f"-r{round_}" if load.rounds > 1 else ""
+    print(f"[{mode}{label}] starting {server_cfg.binary.name} "
+          f"({shlex.join(MODE_ARGS[mode]) or 'no Kairox option'})", flush=True)
     spans: list[tuple[int, float, list[RequestResult], float, float]] = []
     busy: dict[int, int | None] = {}
-    with running_server(server_cfg, mode, out) as (server_url, proc, log, sampler):
+    with running_server(server_cfg, mode, out, label) as (server_url, proc, log, sampler):
         sampler.sample()  # the idle server, just before the load
         for n in load.clients:
             start = sampler.elapsed()
@@ -660,7 +694,8 @@ def run_mode(mode: str, load: LoadConfig, server_cfg: ServerConfig | None, url: 
                 print(f"[{mode} x{n}] {len(failed)} failed requests, first: {failed[0].error} "
                       f"(server log: {log})", file=sys.stderr)
         rss = sampler.stop()
-    return [ModeRun(mode, n, wall, results, rss, start, end, busy[n]) for n, wall, results, start, end in spans]
+    return [ModeRun(mode, n, wall, results, rss, start, end, busy[n], round_)
+            for n, wall, results, start, end in spans]
 
 
 # ---------------------------------------------------------------------------- output
@@ -674,33 +709,41 @@ def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) 
 
 
 def write_requests(path: Path, runs: Sequence[ModeRun]) -> None:
-    header = ["mode", "clients", "client", "request", "prompt", "start", "ttft", "n_tokens", "duration", "status",
-              "error"]
-    rows = [[r.mode, r.clients, r.client, r.request, r.prompt, f"{r.start:.4f}",
+    header = ["mode", "round", "clients", "client", "request", "prompt", "start", "ttft", "n_tokens", "duration",
+              "status", "error"]
+    rows = [[r.mode, run.round, r.clients, r.client, r.request, r.prompt, f"{r.start:.4f}",
              "" if r.ttft is None else f"{r.ttft:.4f}", r.n_tokens, f"{r.duration:.4f}", r.status, r.error]
             for run in runs for r in run.results]
     write_csv(path, header, rows)
 
 
-def server_runs(runs: Sequence[ModeRun]) -> dict[str, list[ModeRun]]:
-    """The runs of each server (mode), in order."""
-    by: dict[str, list[ModeRun]] = {}
+def server_runs(runs: Sequence[ModeRun]) -> dict[tuple[str, int], list[ModeRun]]:
+    """The runs of each server start (mode, round), in order."""
+    by: dict[tuple[str, int], list[ModeRun]] = {}
     for run in runs:
-        by.setdefault(run.mode, []).append(run)
+        by.setdefault((run.mode, run.round), []).append(run)
     return by
+
+
+def merged_runs(runs: Sequence[ModeRun]) -> list[list[ModeRun]]:
+    """The rounds of each (mode, client count), in first-run order."""
+    by: dict[tuple[str, int], list[ModeRun]] = {}
+    for run in runs:
+        by.setdefault((run.mode, run.clients), []).append(run)
+    return list(by.values())
 
 
 def write_rss(path: Path, runs: Sequence[ModeRun]) -> None:
     """Each server's samples, phase = the client count whose load was running."""
     rows = []
-    for mode, mine in server_runs(runs).items():
+    for (mode, round_), mine in server_runs(runs).items():
         for t, mib in mine[0].rss:
             phase = "start"
             for run in mine:
                 if run.rss_load_start is not None and t >= run.rss_load_start:
                     phase = f"load x{run.clients}"
-            rows.append([mode, f"{t:.2f}", f"{mib:.1f}", phase])
-    write_csv(path, ["mode", "t_s", "rss_mib", "phase"], rows)
+            rows.append([mode, round_, f"{t:.2f}", f"{mib:.1f}", phase])
+    write_csv(path, ["mode", "round", "t_s", "rss_mib", "phase"], rows)
 
 
 def baseline_mode(runs: Sequence[ModeRun]) -> str | None:
@@ -718,18 +761,21 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def write_summaries(out: Path, runs: Sequence[ModeRun], load: LoadConfig, target: str, argv: Sequence[str]) -> str:
     """Writes summary.csv, summary.md and clients.csv; returns the summary's Markdown table."""
     base_mode = baseline_mode(runs)
-    base = {run.clients: run for run in runs if run.mode == base_mode}
-    summary = [summarize(run, base.get(run.clients)) for run in runs]
+    groups = merged_runs(runs)
+    base = {group[0].clients: group for group in groups if group[0].mode == base_mode}
+    summary = [summarize(group, base.get(group[0].clients)) for group in groups]
     header = list(summary[0].keys())
     write_csv(out / "summary.csv", header, [[row[k] for k in header] for row in summary])
-    clients = [[run.mode, str(run.clients), str(c), str(n), str(tok), f"{rate:.1f}"]
-               for run in runs for c, n, tok, rate in client_rates(run)]
+    clients = [[group[0].mode, str(group[0].clients), str(c), str(n), str(tok), f"{rate:.1f}"]
+               for group in groups for c, n, tok, rate in client_rates(group)]
     client_header = ["mode", "clients", "client", "requests", "tokens", "tok_s"]
     write_csv(out / "clients.csv", client_header, clients)
     table = markdown_table(header, [[row[k] for k in header] for row in summary])
     limit = f"{load.requests} requests" if load.requests is not None else ""
     if load.duration is not None:
         limit += (" or " if limit else "") + f"{load.duration:g} s"
+    if load.rounds > 1:
+        limit += f" in {load.rounds} rounds (a fresh server per mode and round, the order reversed every round)"
     text = (f"# serve_load\n\n`{shlex.join(['python3', 'scripts/serve_load.py', *argv])}`\n\n"
             f"Target: {target}. {', '.join(map(str, load.clients))} streaming clients, {limit} per mode "
             f"and client count, max_tokens {load.max_tokens}, cancel share {load.cancel_share:g}, "
@@ -740,8 +786,25 @@ def write_summaries(out: Path, runs: Sequence[ModeRun], load: LoadConfig, target
             "content chunks; rss_idle: the server's resident memory before the load, rss_peak/end: "
             "during it.\n\n"
             f"{table}\n\n## Per client\n\n{markdown_table(client_header, clients)}\n")
+    if load.rounds > 1:
+        text += f"\n## Per round\n\n{write_rounds(out / 'rounds.csv', runs, base_mode)}\n"
     (out / "summary.md").write_text(text)
     return table
+
+
+def write_rounds(path: Path, runs: Sequence[ModeRun], base_mode: str | None) -> str:
+    """rounds.csv: each round's tokens/s and ratio to the baseline's same round; returns it as
+    a Markdown table."""
+    base = {(run.round, run.clients): run for run in runs if run.mode == base_mode}
+    header = ["mode", "round", "clients", "requests", "tok_s", "x_base"]
+    rows = []
+    for run in runs:
+        other = base.get((run.round, run.clients))
+        rate = run_rate([run])
+        rows.append([run.mode, str(run.round), str(run.clients), str(len(run.results)), fmt(rate),
+                     fmt(rate / run_rate([other]), 3) if other is not None and run_rate([other]) > 0 else ""])
+    write_csv(path, header, rows)
+    return markdown_table(header, rows)
 
 
 def write_soak(out: Path, runs: Sequence[ModeRun], warmup: float, window: float) -> str:
@@ -771,19 +834,22 @@ def write_plot(path: Path, runs: Sequence[ModeRun]) -> None:
     fig, axes = plt.subplots(1, 3 if with_rss else 2, figsize=(15 if with_rss else 10, 4))
     ax_ttft, ax_itl = axes[-2], axes[-1]
     if with_rss:
-        for mode, mine in server_runs(runs).items():
-            axes[0].plot([t for t, _ in mine[0].rss], [m for _, m in mine[0].rss], label=mode)
+        several = len({run.round for run in runs}) > 1
+        for (mode, round_), mine in server_runs(runs).items():
+            axes[0].plot([t for t, _ in mine[0].rss], [m for _, m in mine[0].rss],
+                         label=f"{mode} r{round_}" if several else mode)
             for run in mine:
                 if run.rss_load_start is not None:
                     axes[0].axvline(run.rss_load_start, color="grey", lw=0.5, ls=":")
         axes[0].set(title="server RSS", xlabel="s since server start", ylabel="MiB")
         axes[0].legend()
-    for run in runs:
-        for ax, values in ((ax_ttft, [r.ttft for r in run.results if r.ttft is not None]),
-                           (ax_itl, [g for r in run.results for g in r.gaps])):
+    for group in merged_runs(runs):
+        res = [r for run in group for r in run.results]
+        for ax, values in ((ax_ttft, [r.ttft for r in res if r.ttft is not None]),
+                           (ax_itl, [g for r in res for g in r.gaps])):
             if values:
                 xs = sorted(v * 1000 for v in values)
-                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=f"{run.mode} x{run.clients}")
+                ax.plot(xs, [(i + 1) / len(xs) for i in range(len(xs))], label=f"{group[0].mode} x{group[0].clients}")
     ax_ttft.set(title="time to first token (CDF)", xlabel="ms", ylabel="share of requests")
     ax_itl.set(title="inter-token latency (CDF)", xlabel="ms", ylabel="share of gaps")
     for ax in (ax_ttft, ax_itl):
@@ -827,6 +893,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--requests", type=int, help="requests in total per mode and client count")
     p.add_argument("--duration", type=float, help="seconds of load per mode and client count (default: 30 when "
                                                   "--requests is not given)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="split each mode's requests (or duration) into this many rounds, a fresh server per "
+                        "mode and round, the modes in turn, the order reversed every round (default: 1)")
     p.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default: 32)")
     p.add_argument("--cancel-share", type=float, default=0.2, help="share of requests cancelled mid-stream (default: 0.2)")
     p.add_argument("--seed", type=int, default=0, help="seed for the cancel draws and the sampler (default: 0)")
@@ -868,6 +937,14 @@ def check_args(args: argparse.Namespace) -> None:
         raise LoadError(f"--requests must be positive, not {args.requests}")
     if args.duration is not None and args.duration <= 0:
         raise LoadError(f"--duration must be positive, not {args.duration}")
+    if args.rounds <= 0:
+        raise LoadError(f"--rounds must be positive, not {args.rounds}")
+    if args.rounds > 1 and args.url:
+        raise LoadError("--rounds restarts the servers: it needs --model")
+    if args.rounds > 1 and args.soak_window:
+        raise LoadError("--rounds splits the load: a soak (--soak-window) needs one round")
+    if args.requests is not None and args.requests < args.rounds:
+        raise LoadError(f"--requests ({args.requests}) must be at least --rounds ({args.rounds})")
     if not 0.0 <= args.cancel_share <= 1.0:
         raise LoadError(f"--cancel-share must be in [0, 1], not {args.cancel_share}")
 
@@ -911,7 +988,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 def load_config(args: argparse.Namespace) -> LoadConfig:
     duration = args.duration if args.duration is not None or args.requests is not None else 30.0
     return LoadConfig(args.clients, args.requests, duration, args.max_tokens, args.cancel_share,
-                      args.seed, args.request_timeout, args.progress_every, args.model_name)
+                      args.seed, args.request_timeout, args.progress_every, args.model_name, args.rounds)
 
 
 def raise_interrupt(signum: int, _frame: Any) -> None:
@@ -931,7 +1008,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         load = load_config(args)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        runs = [run for mode in modes for run in run_mode(mode, load, server_cfg, args.url, out)]
+        runs = []
+        for r in range(load.rounds):
+            for mode in modes if r % 2 == 0 else modes[::-1]:
+                runs += run_mode(mode, load.for_round(r), server_cfg, args.url, out, r)
         write_requests(out / "requests.csv", runs)
         if server_cfg is not None:
             write_rss(out / "rss.csv", runs)

@@ -52,7 +52,7 @@ def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "scripts" / "serve_load.py"), "--model", str(model),
            "--original", str(model_path()), "--server-bin", str(server), "--modes", "sparse,original,dense",
-           "--requests", "8", "--clients", "2,1", "-c", "1024", "-t", "2", "--max-tokens", "16",
+           "--requests", "8", "--rounds", "2", "--clients", "2,1", "-c", "1024", "-t", "2", "--max-tokens", "16",
            "--cancel-share", "0.25", "--progress-every", "2", "--out", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -63,6 +63,13 @@ def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
     assert len(requests) == 48, requests
     assert {(r["mode"], r["clients"]) for r in requests} == {(m, n) for m in modes for n in ("1", "2")}
     assert {r["client"] for r in requests if r["clients"] == "1"} == {"0"}
+    # two rounds of 4 requests each, numbered on across rounds, every mode the same numbers
+    for mode in modes:
+        for n in ("1", "2"):
+            mine = [r for r in requests if r["mode"] == mode and r["clients"] == n]
+            assert sorted(int(r["request"]) for r in mine) == list(range(8)), (mode, n)
+            assert {r["round"] for r in mine if int(r["request"]) < 4} == {"0"}, (mode, n)
+            assert {r["round"] for r in mine if int(r["request"]) >= 4} == {"1"}, (mode, n)
     for r in requests:
         assert r["status"] in ("ok", "cancelled"), r
         assert int(r["n_tokens"]) > 0, r
@@ -78,7 +85,21 @@ def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
         # every row against the original GGUF at the same client count, in this run
         expect = float(row["tok_s"]) / float(summary[("original", n)]["tok_s"])
         assert float(row["x_base"]) == pytest.approx(expect, abs=0.01), row
+    rounds = read_csv(out / "rounds.csv")
+    assert len(rounds) == 12, rounds
+    # ABBA: the second round starts the modes in the reverse order
+    order = [r["mode"] for r in rounds]
+    assert order == [m for m in modes for _ in (2, 1)] + [m for m in modes[::-1] for _ in (2, 1)], order
+    for row in rounds:
+        assert row["requests"] == "4" and float(row["tok_s"]) > 0, row
+    # each mode's summary rate is its tokens over its wall time in both rounds together
+    for (mode, n), row in summary.items():
+        mine = [r for r in requests if r["mode"] == mode and r["clients"] == n]
+        assert int(row["tokens"]) == sum(int(r["n_tokens"]) for r in mine), row
+        wall, tokens = float(row["wall_s"]), int(row["tokens"])  # wall_s is rounded to 0.1 s
+        assert tokens / (wall + 0.051) <= float(row["tok_s"]) <= tokens / (wall - 0.051), row
     for row in summary.values():
+        assert row["rounds"] == "2", row
         assert row["requests"] == "8" and row["failed"] == "0", row
         assert int(row["ok"]) + int(row["cancelled"]) == 8, row
         assert int(row["tokens"]) > 0 and float(row["tok_s"]) > 0, row
@@ -99,6 +120,7 @@ def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
     # every server starts without an error line: upstream's memory-fit pass loads the model
     # without data, which a Kairox GGUF whose ffn_down_t is derived at load must survive
     for mode in modes:
-        log = (out / f"server-{mode}.log").read_text(errors="replace")
-        errors = [line for line in log.splitlines() if re.match(r"^\S+ E ", line)]
-        assert not errors, (mode, errors)
+        for r in (0, 1):
+            log = (out / f"server-{mode}-r{r}.log").read_text(errors="replace")
+            errors = [line for line in log.splitlines() if re.match(r"^\S+ E ", line)]
+            assert not errors, (mode, r, errors)
