@@ -274,6 +274,8 @@ class kairox_params(Structure):
         ("vram_reserve_gib", c_float),  # auto budget: device memory left free besides KV cache and compute
         # version 5
         ("activation", c_int32),  # enum kairox_activation: the FFN activation on every path; 0: the model's
+        # version 6
+        ("gate_up_rows", c_int32),  # threshold mode's whole gate/up: 1 row kernels, 0 ggml's; < 0: the model's
     ]
 
 

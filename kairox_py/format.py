@@ -24,6 +24,9 @@ KEY_PRED_DOWN_SCALE = "kairox.predictor.down_scale"  # f32 (optional): predictor
 #: per machine by `kairox calibrate` (absent or negative, as `kairox convert` writes it: the
 #: library's built-in crossover per weight type)
 KEY_DOWN_DENSE_SHARE = "kairox.down_dense_share"
+#: i32 (optional): threshold mode's whole gate/up in plain rows through the sparse op's row
+#: kernels (1) or ggml's mat-vec (0); measured by `kairox calibrate`; -1: not measured (rows)
+KEY_GATE_UP_ROWS = "kairox.gate_up_rows"
 KEY_PERMUTED = "kairox.permuted"               # bool
 #: bool (optional): random weights for speed measurements; only such a model runs a workload
 KEY_SYNTHETIC = "kairox.synthetic"

@@ -435,6 +435,10 @@ class ContextParams:
     #: (0: always, >= 1: never); < 0: the model's kairox.down_dense_share (kairox calibrate),
     #: else the library's built-in crossover per weight type
     down_dense_share: float = -1.0
+    #: threshold mode computes every row of gate and up (for its mask): 1 through the sparse op's
+    #: row kernels, 0 through ggml's mat-vec (for plain rows; repacked ones always take ggml's);
+    #: < 0: the model's kairox.gate_up_rows (kairox calibrate), else 1
+    gate_up_rows: int = -1
     #: the FFN activation on every path, dense included: "model" (its kairox.activation, else
     #: its architecture's), or "relu" / "silu" / "gelu" (a ReLU-fied llama's GGUF cannot say
     #: "relu": its profile before conversion runs with "relu")
@@ -467,6 +471,8 @@ class ContextParams:
             raise KairoxError(f"lambda_init must be in [0, 1), got {self.lambda_init}")
         if not math.isfinite(self.down_dense_share):
             raise KairoxError(f"down_dense_share must be finite, got {self.down_dense_share}")
+        if not isinstance(self.gate_up_rows, int) or self.gate_up_rows > 1:
+            raise KairoxError(f"gate_up_rows must be 0, 1 or negative (the model's), got {self.gate_up_rows!r}")
         if self.activation not in _lib.KAIROX_ACTIVATIONS:
             raise KairoxError(f"activation must be one of {', '.join(_lib.KAIROX_ACTIVATIONS)}, "
                               f"got {self.activation!r}")
@@ -550,6 +556,7 @@ def _create_context(model: Model, params: ContextParams) -> int:
     kp.lambda_init = params.lambda_init
     kp.deterministic = params.deterministic
     kp.down_dense_share = params.down_dense_share
+    kp.gate_up_rows = params.gate_up_rows
     kp.activation = _lib.KAIROX_ACTIVATIONS[params.activation]
     _lib.take_log_errors()
     ctx = _lib.kairox_init_from_model(model.ptr, cp, ctypes.byref(kp))

@@ -3,6 +3,7 @@ and read by the library; both of the op's paths give the same model output."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -168,3 +169,68 @@ def test_model_key_and_context_override(converted, tmp_path: Path) -> None:  # t
     assert not np.array_equal(always, never)  # the two paths are distinguishable
     assert np.array_equal(logits(path, -1.0), always)  # the model's key applies
     assert np.array_equal(logits(path, 2.0), never)  # the context overrides it
+
+
+def _gate_up_rows(path: Path) -> int | None:
+    f = GGUFReader(path, "r").get_field(fmt.KEY_GATE_UP_ROWS)
+    return None if f is None else int(f.contents())
+
+
+def _gate_up_ops(m: Model, rows: int) -> tuple[np.ndarray, set[str]]:
+    """Logits of a short text in threshold mode and the ops its decode steps ran."""
+    with m.session(ContextParams(n_ctx=128, n_threads=2, mode="threshold", gate_up_rows=rows)) as s:
+        toks = m.tokenize(TEXT)
+        s.decode(toks[:8])
+        s.set_op_timing(True)
+        out = [(s.decode([t]), s.logits().copy())[1] for t in toks[8:12]]
+        s.set_op_timing(False)
+        return np.stack(out), {op for _name, op, _count, _total in s.op_times()}
+
+
+def test_gate_up_paths_same_output(converted) -> None:  # type: ignore[no-untyped-def]
+    """kairox.gate_up_rows only picks which kernels compute threshold mode's whole gate/up: the
+    sparse op's rows (1) or ggml's mat-vec (0) run different ops and give the same model output
+    (the same dot products over the same 8-bit activations; the GLU is applied alike)."""
+    with Model(converted.output) as m:
+        rows, rows_ops = _gate_up_ops(m, 1)
+        ggml, ggml_ops = _gate_up_ops(m, 0)
+        default, _ = _gate_up_ops(m, -1)
+    assert "MUL_MAT_SPARSE" in rows_ops  # the default model's Q4_1 gate/up are plain rows
+    assert "MUL_MAT_SPARSE" not in ggml_ops and "MUL_MAT" in ggml_ops
+    # the kernels sum in different orders, which flips neurons right at a threshold in later
+    # layers: the outputs agree in distribution (the same bound as the down's two paths)
+    assert _kl(rows, ggml) < 0.03, _kl(rows, ggml)
+    assert np.array_equal(default, rows)  # unmeasured (convert's -1): the row kernels
+    with pytest.raises(KairoxError, match="gate_up_rows"):
+        ContextParams(gate_up_rows=2).validate()
+
+
+def test_calibrate_measures_gate_up(converted, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """In threshold mode the calibration times the decode graph both ways and stores the
+    faster in place; a file without the key gets it by a rewrite; the model then runs it."""
+    from kairox_py.offline.calibrate import measure, write_calibration
+
+    path = tmp_path / "kx.gguf"
+    shutil.copyfile(converted.output, path)
+    assert _gate_up_rows(path) == -1  # kairox convert's placeholder
+    cal = measure(path, 2, n_tokens=4, rounds=1, mode="threshold")
+    assert cal.rows_us is not None and cal.ggml_us is not None and cal.rows_us > 0 and cal.ggml_us > 0
+    assert cal.gate_up_rows == (0 if cal.ggml_us < cal.rows_us else 1)
+    size = path.stat().st_size
+    write_calibration(path, cal)
+    assert path.stat().st_size == size and _gate_up_rows(path) == cal.gate_up_rows
+    assert _share(path) == pytest.approx(cal.share)
+    # the key as the model states it decides the default path
+    with Model(path) as m:
+        mine, _ = _gate_up_ops(m, -1)
+        explicit, _ = _gate_up_ops(m, cal.gate_up_rows)
+    assert np.array_equal(mine, explicit)
+    # a GGUF converted before the key existed gets it by an atomic rewrite
+    rewrite_metadata(GGUFReader(path, "r"), path, [], frozenset({fmt.KEY_GATE_UP_ROWS}))
+    assert _gate_up_rows(path) is None
+    flipped = replace(cal, gate_up_rows=1 - cal.gate_up_rows)
+    write_calibration(path, flipped)
+    assert _gate_up_rows(path) == flipped.gate_up_rows
+    assert not list(tmp_path.glob(".*tmp*"))
+    # predictor and CATS modes compute gate/up by rows they select: nothing to measure there
+    assert replace(cal, rows_us=None, ggml_us=None, gate_up_rows=-1).gate_up_table() == []

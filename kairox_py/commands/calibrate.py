@@ -8,7 +8,7 @@ from rich.table import Table
 
 from .. import _lib
 from ..llama import default_threads
-from ..offline.calibrate import DEFAULT_PROMPT, measure, write_share
+from ..offline.calibrate import DEFAULT_PROMPT, measure, write_calibration
 from ..outputs import check_output_file
 from ._common import stderr_console
 
@@ -25,12 +25,15 @@ from ._common import stderr_console
               show_default=True, help="Sparse mode to calibrate (auto: the model's own).")
 @click.option("-p", "--prompt", default=DEFAULT_PROMPT, help="Prompt whose greedy continuation is timed.")
 @click.option("--write/--no-write", default=True, show_default=True,
-              help="Store the crossover in MODEL (kairox.down_dense_share).")
+              help="Store the crossover (kairox.down_dense_share) and, in threshold mode, the faster "
+                   "gate/up path (kairox.gate_up_rows) in MODEL.")
 def calibrate(model: str, threads: int, tokens: int, rounds: int, mode: str, prompt: str,
               write: bool) -> None:
     """Time MODEL's sparse down projection both ways on this machine (ffn_down read in order, and
     the axpy over down_t's active rows) and store the share of active neurons where they cross
-    in MODEL, so that kairox run, llama-cli and llama-server pick the faster path here."""
+    in MODEL, so that kairox run, llama-cli and llama-server pick the faster path here. In
+    threshold mode it also times gate and up (computed whole for the mask) through the sparse
+    op's row kernels and through ggml's mat-vec, and stores the faster."""
     console = stderr_console()
     path = Path(model).expanduser()
     if write and path.is_file():  # before the timing, not after it (a missing file: Model says so)
@@ -44,6 +47,7 @@ def calibrate(model: str, threads: int, tokens: int, rounds: int, mode: str, pro
         table.add_row(k, v)
     console.print(table)
     if write:
-        write_share(path, cal.share, console)
-        console.print(f"wrote kairox.down_dense_share = {cal.share:.3f} to {path}")
+        write_calibration(path, cal, console)
+        console.print(f"wrote kairox.down_dense_share = {cal.share:.3f} to {path}"
+                      + (f", kairox.gate_up_rows = {cal.gate_up_rows}" if cal.gate_up_rows >= 0 else ""))
     click.echo(f"{cal.share:.4f}")

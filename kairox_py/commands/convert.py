@@ -16,7 +16,7 @@ from rich.table import Table
 from ..errors import KairoxError
 from ..format import MODES
 from ..llama import default_threads
-from ..offline.calibrate import measure, write_share
+from ..offline.calibrate import measure, write_calibration
 from ..offline.convert import (
     DEFAULT_DOWN_TYPE,
     DEFAULT_MAX_PRED_DENSITY,
@@ -164,10 +164,14 @@ def convert(input_path: str, output_path: str, profile_dir: str | None, corpus: 
         pause_point("crossover")  # test hook: the model is complete under its temporary name
         try:
             cal = measure(tmp, threads or default_threads(), mode="auto", console=console)
-            write_share(tmp, cal.share)
+            write_calibration(tmp, cal)
             crossover.append(("down crossover", f"{cal.share:.3f} (kairox.down_dense_share, measured here "
                                                 f"with {cal.threads} threads; on another machine: "
                                                 f"kairox calibrate {out})"))
+            if cal.gate_up_rows >= 0:
+                crossover.append(("gate/up", f"{'row kernels' if cal.gate_up_rows else 'ggml mat-vec'} "
+                                             f"(kairox.gate_up_rows = {cal.gate_up_rows}: decode graph "
+                                             f"{cal.rows_us:.0f} vs {cal.ggml_us:.0f} us/token, measured here)"))
         except KairoxError as e:  # the model is complete either way: the built-in crossover applies
             crossover.append(("down crossover", f"not measured ({e}); built-in per type"))
 

@@ -30,7 +30,7 @@ from ..errors import KairoxError
 from ..gguf_info import inspect_gguf
 from ..hybrid import POLICIES, VRAM_AUTO
 from ..llama import MAX_THREADS, ROW_MODES, Model, SamplingParams, Session, default_threads, has_gpu
-from ..offline.calibrate import measure, write_share
+from ..offline.calibrate import measure, write_calibration
 from ..offline.convert import DEFAULT_SPARSITY, ConvertOptions, ConvertResult, convert
 from ..offline.corpus import load_corpus
 from ._common import activation_option, resolve_model, stderr_console
@@ -93,7 +93,7 @@ def first_run_model(original: Path, threads: int, console: Console,
             return
         t = time.monotonic()
         try:
-            write_share(part, measure(part, threads, mode="auto", console=console).share)
+            write_calibration(part, measure(part, threads, mode="auto", console=console))
         except KairoxError as e:  # the model is complete either way: the built-in crossover applies
             console.print(f"[yellow]note:[/] the sparse down's crossover was not measured ({e})")
         crossover["crossover"] = time.monotonic() - t

@@ -13,6 +13,12 @@ The dense path costs D per token whatever the share; the axpy's cost is measured
 model's own active share rho and with every neuron active (the thresholds scaled to ~0), and
 taken as linear in between (a fixed part per op, which dominates small models, plus a part per
 row), so the paths cross where that line meets D.
+
+Threshold mode computes every row of gate and up (its mask needs every neuron's value). Where
+they are in plain rows, the sparse op's row kernels or ggml's mat-vec can compute them, and
+which is faster depends on the type and the CPU as well: on one of the VMs the row kernels ran
+Q4_1 far faster than ggml and Q5_0 slower. The calibration times whole decode steps both ways
+in the same rounds and stores the faster (kairox.gate_up_rows).
 """
 from __future__ import annotations
 
@@ -52,6 +58,11 @@ class Calibration:
     sparse_us: float     # the same, axpy over the active rows of down_t, the model's masks
     full_us: float       # the axpy with every neuron active
     share: float         # the crossover, in [0, 1] (1: the axpy always wins)
+    # threshold mode: graph time per token with gate/up through the row kernels and through
+    # ggml's mat-vec (None: not measured, another mode), and the faster (1 rows, 0 ggml, -1 none)
+    rows_us: float | None = None
+    ggml_us: float | None = None
+    gate_up_rows: int = -1
 
     def rows(self) -> list[tuple[str, str]]:
         return [
@@ -61,6 +72,17 @@ class Calibration:
             (f"axpy, {100 * self.active_share:.1f}% of rows active", f"{self.sparse_us:.1f} us/token"),
             (f"axpy, {100 * self.full_share:.1f}% of rows active", f"{self.full_us:.1f} us/token"),
             ("crossover (kairox.down_dense_share)", f"{self.share:.3f}"),
+            *self.gate_up_table(),
+        ]
+
+    def gate_up_table(self) -> list[tuple[str, str]]:
+        if self.rows_us is None or self.ggml_us is None:
+            return []
+        pick = "row kernels" if self.gate_up_rows == 1 else "ggml's mat-vec"
+        return [
+            ("decode graph, gate/up by the row kernels", f"{self.rows_us:.1f} us/token"),
+            ("decode graph, gate/up by ggml's mat-vec", f"{self.ggml_us:.1f} us/token"),
+            ("gate/up (kairox.gate_up_rows)", f"{self.gate_up_rows}: {pick}"),
         ]
 
 
@@ -75,9 +97,10 @@ def crossover(rho: float, sparse_us: float, rho_full: float, full_us: float, den
     return min(1.0, max(0.0, rho + (dense_us - sparse_us) / slope))
 
 
-def _down_us(model: Model, params: ContextParams, prompt: Sequence[int],
-             tokens: Sequence[int]) -> tuple[float, float]:
-    """ffn_down time per decode step (AXPY_SPARSE nodes, all layers) and its active share."""
+def _decode_us(model: Model, params: ContextParams, prompt: Sequence[int],
+               tokens: Sequence[int]) -> tuple[float, float, float]:
+    """Per decode step: ffn_down's time (AXPY_SPARSE nodes, all layers), the whole graph's
+    time (every node), and the down's active share."""
     with model.session(params) as s:
         s.decode(prompt)
         s.reset_stats()
@@ -85,11 +108,13 @@ def _down_us(model: Model, params: ContextParams, prompt: Sequence[int],
         for t in tokens:
             s.decode([t])
         s.set_op_timing(False)
-        us = sum(total for _name, op, _count, total in s.op_times() if op == "AXPY_SPARSE")
+        times = s.op_times()
+        us = sum(total for _name, op, _count, total in times if op == "AXPY_SPARSE")
+        graph = sum(total for _name, _op, _count, total in times)
         stats = [st for st in s.layer_stats() if st.pairs > 0]
     if us <= 0 or not stats:
         raise KairoxError("no sparse down projection ran: is the model converted, and its mode sparse?")
-    return us / len(tokens), float(np.mean([st.active_fraction for st in stats]))
+    return us / len(tokens), graph / len(tokens), float(np.mean([st.active_fraction for st in stats]))
 
 
 def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode: str = "auto",
@@ -121,22 +146,33 @@ def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode:
             "sparse": replace(base, down_dense_share=NEVER_DENSE),
             "full": replace(base, down_dense_share=NEVER_DENSE, threshold_scale=1e-9, pred_threshold=1e-6),
         }
+        if run_mode == "threshold":  # its gate/up, whole: the row kernels against ggml's mat-vec
+            runs["rows"] = replace(base, gate_up_rows=1)
+            runs["ggml"] = replace(base, gate_up_rows=0)
         us: dict[str, list[float]] = {k: [] for k in runs}
+        graph: dict[str, list[float]] = {k: [] for k in runs}
         act: dict[str, list[float]] = {k: [] for k in runs}
         with make_progress(console, transient=True) as bar:
-            task = bar.add_task("timing ffn_down", total=len(runs) * rounds)
+            task = bar.add_task("timing ffn_down" + (" and gate/up" if "rows" in runs else ""),
+                                total=len(runs) * rounds)
             for _ in range(rounds):
                 for k, p in runs.items():
-                    t, a = _down_us(m, p, ids, cont)
+                    t, g, a = _decode_us(m, p, ids, cont)
                     us[k].append(t)
+                    graph[k].append(g)
                     act[k].append(a)
                     bar.advance(task)
     med = {k: statistics.median(v) for k, v in us.items()}
     rho = float(np.mean(act["sparse"] + act["dense"]))
     rho_full = float(np.mean(act["full"]))
     share = crossover(rho, med["sparse"], rho_full, med["full"], med["dense"])
+    rows_us = ggml_us = None
+    gate_up_rows = -1
+    if "rows" in runs:
+        rows_us, ggml_us = statistics.median(graph["rows"]), statistics.median(graph["ggml"])
+        gate_up_rows = 0 if ggml_us < rows_us else 1
     return Calibration(threads, run_mode, n_tokens, rounds, rho, rho_full, med["dense"], med["sparse"],
-                       med["full"], share)
+                       med["full"], share, rows_us, ggml_us, gate_up_rows)
 
 
 # sizes of GGUF's fixed-size value types (GGUFValueType: uint8 ... float64)
@@ -189,47 +225,64 @@ def find_kv(path: Path, key: str) -> tuple[int, int, str] | None:
     return None
 
 
-def _write_f32_in_place(path: Path, share: float) -> bool:
-    """Overwrite kairox.down_dense_share where the file holds it as an f32 (find_kv); False
+_PACK = {GGUFValueType.FLOAT32: "f", GGUFValueType.INT32: "i"}
+
+
+def _write_in_place(path: Path, key: str, vtype: GGUFValueType, value: float | int) -> bool:
+    """Overwrite a 4-byte value where the file holds `key` with that type (find_kv); False
     where it does not, or where the file cannot be walked that way (GGUFReader decides)."""
     try:
-        found = find_kv(path, fmt.KEY_DOWN_DENSE_SHARE)
+        found = find_kv(path, key)
     except (ValueError, OSError, struct.error):
         return False
-    if found is None or found[0] != GGUFValueType.FLOAT32:
+    if found is None or found[0] != vtype:
         return False
     _, offset, bo = found
     with open(path, "r+b") as f:
         f.seek(offset)
-        f.write(struct.pack(bo + "f", share))
+        f.write(struct.pack(bo + _PACK[vtype], value))
     return True
 
 
-def write_share(path: Path, share: float, console: Console | None = None) -> None:
-    """Store kairox.down_dense_share in the GGUF: in place when the key is there already (a
-    4-byte value, as llama.cpp's gguf_set_metadata does; `kairox convert` writes it as -1),
-    else (a GGUF converted before the key existed) by rewriting the file atomically."""
-    if not (0.0 <= share and np.isfinite(share)):
-        raise KairoxError(f"down_dense_share must be finite and >= 0, got {share}")
-    if _write_f32_in_place(path, share):
+def _write_values(path: Path, values: Sequence[tuple[str, GGUFValueType, float | int]],
+                  console: Console | None) -> None:
+    """Store 4-byte metadata values: in place where the file holds each key with its type
+    already (as llama.cpp's gguf_set_metadata does; `kairox convert` writes placeholders),
+    else (a GGUF converted before a key existed) by rewriting the file atomically."""
+    missing = [(k, t, v) for k, t, v in values if not _write_in_place(path, k, t, v)]
+    if not missing:
         return
     try:
         reader = GGUFReader(path, "r")
     except Exception as e:  # noqa: BLE001 - the gguf reader raises ValueError, IndexError, ...
         raise KairoxError(f"cannot read {path} as GGUF: {e}") from None
-    field = reader.get_field(fmt.KEY_DOWN_DENSE_SHARE)
-    if field is not None:
-        if field.types != [GGUFValueType.FLOAT32]:
-            raise KairoxError(f"{path}: {fmt.KEY_DOWN_DENSE_SHARE} is not an f32")
-        del reader
-        rw = GGUFReader(path, "r+")
-        f = rw.get_field(fmt.KEY_DOWN_DENSE_SHARE)
-        assert f is not None
-        f.parts[f.data[0]][0] = share
-        rw.data.flush()
-        return
     if fmt.KEY_FORMAT_VERSION not in reader.fields:
         raise KairoxError(f"{path} is not a Kairox GGUF (kairox convert makes one)")
-    rewrite_metadata(reader, path, [(fmt.KEY_DOWN_DENSE_SHARE, float(share), GGUFValueType.FLOAT32, None)],
-                     frozenset(), console)
+    present = set()
+    for key, vtype, _ in missing:
+        field = reader.get_field(key)
+        if field is not None:
+            if field.types != [vtype]:
+                raise KairoxError(f"{path}: {key} is not {'an f32' if vtype == GGUFValueType.FLOAT32 else 'an i32'}")
+            present.add(key)  # a file find_kv cannot walk: the rewrite replaces the value
+    rewrite_metadata(reader, path, [(k, v, t, None) for k, t, v in missing], frozenset(present), console)
 
+
+def write_share(path: Path, share: float, console: Console | None = None) -> None:
+    """Store kairox.down_dense_share in the GGUF (in place, or by an atomic rewrite of a file
+    converted before the key existed)."""
+    if not (0.0 <= share and np.isfinite(share)):
+        raise KairoxError(f"down_dense_share must be finite and >= 0, got {share}")
+    _write_values(path, [(fmt.KEY_DOWN_DENSE_SHARE, GGUFValueType.FLOAT32, float(share))], console)
+
+
+def write_calibration(path: Path, cal: Calibration, console: Console | None = None) -> None:
+    """Store what `cal` measured: the down crossover, and threshold mode's gate/up choice
+    where it was measured."""
+    if not (0.0 <= cal.share and np.isfinite(cal.share)):
+        raise KairoxError(f"down_dense_share must be finite and >= 0, got {cal.share}")
+    values: list[tuple[str, GGUFValueType, float | int]] = [
+        (fmt.KEY_DOWN_DENSE_SHARE, GGUFValueType.FLOAT32, float(cal.share))]
+    if cal.gate_up_rows >= 0:
+        values.append((fmt.KEY_GATE_UP_ROWS, GGUFValueType.INT32, int(cal.gate_up_rows)))
+    _write_values(path, values, console)

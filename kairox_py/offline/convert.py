@@ -655,6 +655,7 @@ def kairox_metadata(opts: ConvertOptions, n_layer: int, thresholds: np.ndarray,
         # not measured yet (the library's built-in crossover); kairox calibrate fills it in
         # place on the machine that runs the model
         (fmt.KEY_DOWN_DENSE_SHARE, -1.0, GGUFValueType.FLOAT32, None),
+        (fmt.KEY_GATE_UP_ROWS, -1, GGUFValueType.INT32, None),
     ]
     if not opts.down_t_in_file:
         kv.append((fmt.KEY_DOWN_T_TYPE, opts.down_type.lower(), GGUFValueType.STRING, None))
