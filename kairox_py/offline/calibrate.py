@@ -42,6 +42,9 @@ from .convert import rewrite_metadata
 #: a prompt of our own; the model continues it greedily and those tokens are replayed
 DEFAULT_PROMPT = ("A short guide to keeping a vegetable garden: choose a sunny spot, loosen the "
                   "soil, and water the young plants early in the morning so that")
+MAX_CTX = 4096  # most tokens a replay (prompt and timed steps) may take
+CTX_STEP = 256  # the context is rounded up to this (llama.cpp pads its KV cache so)
+PROMPT_BATCH = 64  # tokens per prompt call: the compute buffers are sized for it
 ALWAYS_DENSE = 0.0  # down_dense_share: read ffn_down whenever a neuron is active
 NEVER_DENSE = 2.0   # down_dense_share: always the axpy over the active rows
 
@@ -128,10 +131,15 @@ def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode:
     with Model(path, use_mmap=False) as m:
         if not m.has_sparsity:
             raise KairoxError(f"{path} carries no Kairox sparsity data: convert it first (kairox convert)")
-        base = ContextParams(n_ctx=512, n_threads=threads, mode=mode, stats=True)
         ids = m.tokenize(prompt, add_special=True)
-        if len(ids) + n_tokens + 1 > base.n_ctx:
-            raise KairoxError(f"prompt ({len(ids)} tokens) plus {n_tokens} steps exceed {base.n_ctx} tokens")
+        if len(ids) + n_tokens + 1 > MAX_CTX:
+            raise KairoxError(f"prompt ({len(ids)} tokens) plus {n_tokens} steps exceed {MAX_CTX} tokens")
+        # a context and batch no larger than the replay needs: the KV cache grows with the one,
+        # the compute buffers with the other, and on a large model both add to the conversion's
+        # peak memory (the calibration runs with the whole model resident)
+        n_ctx = -(-(len(ids) + n_tokens + 1) // CTX_STEP) * CTX_STEP
+        base = ContextParams(n_ctx=n_ctx, n_batch=min(n_ctx, PROMPT_BATCH), n_threads=threads, mode=mode,
+                             stats=True)
         with m.session(base) as s:  # the continuation every timed run replays
             run_mode = s.mode
             if run_mode == "dense":
