@@ -490,6 +490,13 @@ def release_pages(reader: GGUFReader) -> None:
             pass  # only a memory optimisation
 
 
+def release_metadata(reader: GGUFReader) -> None:
+    """Drop the reader's parsed metadata once it is in the output: GGUFReader keeps numpy views
+    of every value, which for a 150k-token vocabulary hold hundreds of MB of Python objects that
+    the fit and the crossover, loading the finished model, do not need next to it."""
+    reader.fields.clear()
+
+
 def release_heap() -> None:
     """Collect garbage and hand the C heap's free pages back to the system (glibc's
     malloc_trim), so that what a finished stage freed does not stay in the resident set while
@@ -730,6 +737,8 @@ def write_tensors(writer: GGUFWriter, plan: Sequence[NewTensor], console: Consol
         writer.add_tensor_info(t.name, t.shape, np.dtype(t.dtype), t.nbytes, raw_dtype=t.raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
+    for kv in writer.kv_data:  # written: a large vocabulary's values need not stay in memory
+        kv.clear()
     writer.write_ti_data_to_file()
     with make_progress(console) as bar:
         task = bar.add_task(label, total=len(plan))
@@ -832,6 +841,7 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
         res.output_bytes = tmp.stat().st_size
         seconds["write"] = time.monotonic() - t
         release_pages(inp.reader)  # before the crossover maps the output
+        release_metadata(inp.reader)
         # the fit and the crossover load the finished model as it runs: what the earlier
         # stages hold goes first (the predictors' weights are in the file; the report and
         # the summary read their scores only)
