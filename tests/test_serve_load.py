@@ -124,3 +124,26 @@ def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
             log = (out / f"server-{mode}-r{r}.log").read_text(errors="replace")
             errors = [line for line in log.splitlines() if re.match(r"^\S+ E ", line)]
             assert not errors, (mode, r, errors)
+
+
+def test_rounds_split_the_load() -> None:
+    """--rounds: each round gets its share of the requests, numbered on from the last round's,
+    or its share of the duration with request numbers of its own; bad counts are refused."""
+    server_bin()  # loads scripts/serve_load.py as the module serve_load
+    mod = sys.modules["serve_load"]
+    load = mod.LoadConfig((1,), 10, None, 8, 0.1, 0, 30.0, 5.0, "kairox", rounds=3)
+    parts = [load.for_round(r) for r in range(3)]
+    assert [p.requests for p in parts] == [3, 3, 4]
+    assert [p.first_request for p in parts] == [0, 3, 6]
+    assert all(p.duration is None for p in parts)
+    timed = mod.LoadConfig((1,), None, 90.0, 8, 0.1, 0, 30.0, 5.0, "kairox", rounds=3)
+    assert [timed.for_round(r).duration for r in range(3)] == [30.0, 30.0, 30.0]
+    assert len({timed.for_round(r).first_request for r in range(3)}) == 3
+    single = mod.LoadConfig((1,), 10, None, 8, 0.1, 0, 30.0, 5.0, "kairox")
+    assert single.for_round(0) is single
+    for argv, msg in ((["--model", "x", "--rounds", "0"], "--rounds must be positive"),
+                      (["--model", "x", "--rounds", "3", "--requests", "2"], "at least --rounds"),
+                      (["--url", "http://x", "--rounds", "2"], "needs --model"),
+                      (["--model", "x", "--rounds", "2", "--soak-window", "60"], "one round")):
+        with pytest.raises(mod.LoadError, match=msg):
+            mod.check_args(mod.parse_args(argv))
