@@ -213,8 +213,11 @@ def test_profile_is_reused(work: Path, model_path: Path, converted: ConvertResul
 def test_fit_thresholds_to_a_ppl_budget(work: Path, model_path: Path, converted: ConvertResult) -> None:
     """The fit keeps the largest threshold scale within the budget, writes the thresholds times
     that scale and the skipped share it measured: the written model at scale 1 scores what the
-    fit measured at its scale, on the same text."""
-    budget, text = 0.03, default_corpus("eval")
+    fit measured at its scale, on the same text. The default texts (documentation, prose,
+    source) are each held to the budget: a step's increase is the largest of them."""
+    from kairox_py.offline.corpus import fit_corpora
+
+    budget = 0.03
     res = convert(model_path, work / "kx-fit.gguf", default_corpus("profile"),
                   replace(OPTS, predictor=False, mode="threshold", fit_ppl=budget, fit_tokens=256),
                   profile_dir=converted.profile_dir)
@@ -222,6 +225,9 @@ def test_fit_thresholds_to_a_ppl_budget(work: Path, model_path: Path, converted:
     assert fit is not None and fit.mode == "threshold" and fit.tokens > 200
     assert "fit" in res.seconds and "sparsity fit" in dict(summary_rows(res))
     chosen = fit.chosen
+    assert len(fit.texts) == 3 and all(len(s.by_text) == 3 for s in fit.steps)
+    assert all(s.increase == max(s.by_text) for s in fit.steps)
+    text = fit_corpora()[int(np.argmax(chosen.by_text))]  # the text that decided the step
     if fit.met:
         assert chosen.increase <= budget
         over = [s for s in fit.steps if s.scale > fit.scale]

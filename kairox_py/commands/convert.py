@@ -73,9 +73,10 @@ def _given(param: str) -> bool:
               default=DEFAULT_MAX_PPL_INCREASE, show_default=True,
               help="--fit's budget: perplexity at most this share above dense.")
 @click.option("--fit-corpus", multiple=True, type=click.Path(dir_okay=False),
-              help="Text file(s) --fit scores (default: pydoc topics, held-out split).")
+              help="Text file(s) --fit scores, as one text (default: three, each held to the budget: pydoc "
+                   "topics held-out, project-written prose, CPython source).")
 @click.option("--fit-tokens", type=click.IntRange(min=64), default=DEFAULT_FIT_TOKENS, show_default=True,
-              help="Tokens --fit scores per threshold scale.")
+              help="Tokens of each text --fit scores per threshold scale.")
 @click.option("--recall", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
               default=DEFAULT_RECALL, show_default=True, help="Predictor recall target.")
 @click.option("--group-size", type=int, default=DEFAULT_GROUP_SIZE, show_default=True,

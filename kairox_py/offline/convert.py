@@ -74,7 +74,7 @@ from ..outputs import (
 )
 from ..progress import make_progress
 from .blas import blas_threads
-from .corpus import Corpus, default_corpus
+from .corpus import Corpus, fit_corpora
 from .fit import DEFAULT_FIT_TOKENS, DEFAULT_MAX_PPL_INCREASE, QualityFit, fit_thresholds
 from .grouping import (
     DEFAULT_GROUP_SIZE,
@@ -177,7 +177,7 @@ class ConvertOptions:
     max_pred_density: float = DEFAULT_MAX_PRED_DENSITY
     # fit the thresholds to a quality budget on the finished model (fit.py): the largest
     # threshold scale whose held-out perplexity is within this share of dense; None keeps the
-    # calibration to `sparsity`. fit_corpus None: the default corpus's held-out split
+    # calibration to `sparsity`. fit_corpus None: corpus.fit_corpora (documentation, prose, source)
     fit_ppl: float | None = DEFAULT_MAX_PPL_INCREASE
     fit_tokens: int = DEFAULT_FIT_TOKENS
     fit_corpus: Corpus | None = None
@@ -851,7 +851,7 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
         release_heap()
         if opts.fit_ppl is not None and activation != "relu":  # ReLU: exact zeros, nothing to fit
             t_fit = time.monotonic()
-            res.fit = fit_thresholds(tmp, opts.fit_corpus or default_corpus("eval"), opts.fit_ppl,
+            res.fit = fit_thresholds(tmp, opts.fit_corpus or fit_corpora(), opts.fit_ppl,
                                      tokens=opts.fit_tokens, threads=opts.threads, console=console)
             res.thresholds, res.cats_thresholds = thr * res.fit.scale, cats * res.fit.scale
             seconds["fit"] = time.monotonic() - t_fit

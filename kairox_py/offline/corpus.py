@@ -57,6 +57,23 @@ def default_corpus(part: str) -> Corpus:
                         f"{len(text)} chars)")
 
 
+def fit_corpora() -> list[Corpus]:
+    """The texts the converter's quality fit scores by default, one per kind of text a model
+    meets: documentation (pydoc topics, held-out split), narrative prose (written for the
+    project, kairox_py/data/fit_prose.txt, not the prose that evaluations use) and Python
+    source (CPython's textwrap module, which no evaluation reads). Thresholds that cost
+    little on one kind can cost several times more on another, so the fit holds each to the
+    budget."""
+    import textwrap
+
+    prose = resources.files("kairox_py").joinpath("data/fit_prose.txt").read_text(encoding="utf-8")
+    texts = [default_corpus("eval"), Corpus(prose, "narrative prose (kairox_py/data/fit_prose.txt)")]
+    source = Path(textwrap.__file__)
+    if source.suffix == ".py" and source.is_file():  # a frozen or zipped stdlib has no source
+        texts.append(Corpus(source.read_text(encoding="utf-8"), f"Python source ({source.name})"))
+    return texts
+
+
 def read_corpus(paths: Sequence[str | os.PathLike[str]]) -> Corpus:
     """Concatenate UTF-8 text files; KairoxError if one is missing or all are empty."""
     if not paths:
