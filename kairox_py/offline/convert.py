@@ -855,6 +855,7 @@ def convert(in_path: str | os.PathLike[str], out_path: str | os.PathLike[str], c
                                      tokens=opts.fit_tokens, threads=opts.threads, console=console)
             res.thresholds, res.cats_thresholds = thr * res.fit.scale, cats * res.fit.scale
             seconds["fit"] = time.monotonic() - t_fit
+            release_heap()  # what the fit's evaluations freed, before the crossover loads the model
         if before_publish is not None:
             before_publish(tmp, res)
 
