@@ -82,9 +82,11 @@ def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
     assert [(r["mode"], r["clients"]) for r in rows] == [(m, n) for m in modes for n in ("2", "1")]
     summary = {(r["mode"], r["clients"]): r for r in rows}
     for (mode, n), row in summary.items():
-        # every row against the original GGUF at the same client count, in this run
-        expect = float(row["tok_s"]) / float(summary[("original", n)]["tok_s"])
-        assert float(row["x_base"]) == pytest.approx(expect, abs=0.01), row
+        # every row against the original GGUF at the same client count, in this run (tok_s is
+        # rounded to 0.1 and x_base to 0.001, so the ratio of the printed rates is that close)
+        mine, base = float(row["tok_s"]), float(summary[("original", n)]["tok_s"])
+        slack = mine / base * (0.05 / mine + 0.05 / base) + 0.0005
+        assert abs(float(row["x_base"]) - mine / base) <= slack, row
     rounds = read_csv(out / "rounds.csv")
     assert len(rounds) == 12, rounds
     # ABBA: the second round starts the modes in the reverse order
@@ -96,8 +98,8 @@ def test_serve_load_sparse_original_and_dense(tmp_path: Path) -> None:
     for (mode, n), row in summary.items():
         mine = [r for r in requests if r["mode"] == mode and r["clients"] == n]
         assert int(row["tokens"]) == sum(int(r["n_tokens"]) for r in mine), row
-        wall, tokens = float(row["wall_s"]), int(row["tokens"])  # wall_s is rounded to 0.1 s
-        assert tokens / (wall + 0.051) <= float(row["tok_s"]) <= tokens / (wall - 0.051), row
+        wall, tokens = float(row["wall_s"]), int(row["tokens"])  # wall_s and tok_s: rounded to 0.1
+        assert tokens / (wall + 0.051) - 0.051 <= float(row["tok_s"]) <= tokens / (wall - 0.051) + 0.051, row
     for row in summary.values():
         assert row["rounds"] == "2", row
         assert row["requests"] == "8" and row["failed"] == "0", row
