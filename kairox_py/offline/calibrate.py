@@ -284,21 +284,23 @@ def _write_values(path: Path, values: Sequence[tuple[str, GGUFValueType, float |
     rewrite_metadata(reader, path, [(k, v, t, None) for k, t, v in missing], frozenset(present), console)
 
 
+def _share_value(share: float) -> tuple[str, GGUFValueType, float]:
+    """kairox.down_dense_share as a value to write; KairoxError unless finite and >= 0."""
+    if not (0.0 <= share and np.isfinite(share)):
+        raise KairoxError(f"down_dense_share must be finite and >= 0, got {share}")
+    return fmt.KEY_DOWN_DENSE_SHARE, GGUFValueType.FLOAT32, float(share)
+
+
 def write_share(path: Path, share: float, console: Console | None = None) -> None:
     """Store kairox.down_dense_share in the GGUF (in place, or by an atomic rewrite of a file
     converted before the key existed)."""
-    if not (0.0 <= share and np.isfinite(share)):
-        raise KairoxError(f"down_dense_share must be finite and >= 0, got {share}")
-    _write_values(path, [(fmt.KEY_DOWN_DENSE_SHARE, GGUFValueType.FLOAT32, float(share))], console)
+    _write_values(path, [_share_value(share)], console)
 
 
 def write_calibration(path: Path, cal: Calibration, console: Console | None = None) -> None:
     """Store what `cal` measured: the down crossover, and threshold mode's gate/up choice
     where it was measured."""
-    if not (0.0 <= cal.share and np.isfinite(cal.share)):
-        raise KairoxError(f"down_dense_share must be finite and >= 0, got {cal.share}")
-    values: list[tuple[str, GGUFValueType, float | int]] = [
-        (fmt.KEY_DOWN_DENSE_SHARE, GGUFValueType.FLOAT32, float(cal.share))]
+    values: list[tuple[str, GGUFValueType, float | int]] = [_share_value(cal.share)]
     if cal.gate_up_rows >= 0:
         values.append((fmt.KEY_GATE_UP_ROWS, GGUFValueType.INT32, int(cal.gate_up_rows)))
     _write_values(path, values, console)
