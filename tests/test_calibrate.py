@@ -234,3 +234,48 @@ def test_calibrate_measures_gate_up(converted, tmp_path: Path) -> None:  # type:
     assert not list(tmp_path.glob(".*tmp*"))
     # predictor and CATS modes compute gate/up by rows they select: nothing to measure there
     assert replace(cal, rows_us=None, ggml_us=None, gate_up_rows=-1).gate_up_table() == []
+
+
+def test_busy_machine_times_again_then_refuses(converted, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Each path's fastest round counts; rounds that disagree (another process on the cores)
+    are followed by more, and a calibration whose rounds never agree raises rather than store
+    a choice made by noise."""
+    from kairox_py.offline import calibrate as cal_mod
+
+    calls: list[str] = []
+
+    def scripted(times):  # type: ignore[no-untyped-def]
+        def fake(model, params, prompt, tokens):  # type: ignore[no-untyped-def]
+            key = ("rows" if params.gate_up_rows == 1 else "ggml" if params.gate_up_rows == 0
+                   else "dense" if params.down_dense_share == cal_mod.ALWAYS_DENSE
+                   else "full" if params.threshold_scale < 1e-3 else "sparse")
+            n = sum(1 for c in calls if c == key)
+            calls.append(key)
+            t = times(key, n)
+            return t, 10 * t, 0.5 if key != "full" else 1.0, {"MUL_MAT_SPARSE", "AXPY_SPARSE"}
+        return fake
+
+    base = {"dense": 100.0, "sparse": 80.0, "full": 150.0, "rows": 90.0, "ggml": 100.0}
+    # round 2 of every path is twice as slow, rounds 3+ agree with round 1: settled after 3
+    monkeypatch.setattr(cal_mod, "_decode_us", scripted(lambda k, n: base[k] * (2.0 if n == 1 else 1.0)))
+    cal = cal_mod.measure(converted.output, 2, n_tokens=2, rounds=2, mode="threshold")
+    assert cal.rounds == 3
+    assert cal.dense_us == 100.0 and cal.sparse_us == 80.0 and cal.rows_us == 900.0 and cal.gate_up_rows == 1
+    # rows slower than ggml in every round but the first: the fastest rounds decide, and
+    # only agreeing ones count
+    calls.clear()
+    monkeypatch.setattr(cal_mod, "_decode_us", scripted(
+        lambda k, n: base[k] * (1.0 + 0.5 * (n % 2)) if k == "rows" else base[k]))
+    cal = cal_mod.measure(converted.output, 2, n_tokens=2, rounds=3, mode="threshold")
+    assert cal.rounds == 3 and cal.gate_up_rows == 1
+    # never two rounds within 5% of each other: more rounds, up to 3x, then an error
+    calls.clear()
+    monkeypatch.setattr(cal_mod, "_decode_us", scripted(lambda k, n: base[k] * (1.0 + 0.1 * n)))
+    with pytest.raises(KairoxError, match="did not settle in 6 rounds"):
+        cal_mod.measure(converted.output, 2, n_tokens=2, rounds=2, mode="threshold")
+    assert calls.count("dense") == 6
+    # one round asked: taken as measured (nothing to compare it with)
+    calls.clear()
+    cal = cal_mod.measure(converted.output, 2, n_tokens=2, rounds=1, mode="threshold")
+    assert cal.rounds == 1 and calls.count("dense") == 1

@@ -20,7 +20,9 @@ from ._common import stderr_console
 @click.option("-n", "--tokens", type=click.IntRange(min=1, max=400), default=32, show_default=True,
               help="Decode steps timed per round and path.")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Rounds; the two paths alternate within each, and medians are kept.")
+              help="Rounds; the paths alternate within each, and each path's fastest round counts. "
+                   "Up to 3x as many run while the two fastest rounds of a path differ by over 5% "
+                   "(a busy machine); if they still do, calibrate stops without writing.")
 @click.option("--mode", type=click.Choice([m for m in _lib.KAIROX_MODES if m != "dense"]), default="auto",
               show_default=True, help="Sparse mode to calibrate (auto: the model's own).")
 @click.option("-p", "--prompt", default=DEFAULT_PROMPT, help="Prompt whose greedy continuation is timed.")

@@ -23,7 +23,6 @@ in the same rounds and stores the faster (kairox.gate_up_rows).
 from __future__ import annotations
 
 import mmap
-import statistics
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -47,6 +46,11 @@ CTX_STEP = 256  # the context is rounded up to this (llama.cpp pads its KV cache
 PROMPT_BATCH = 64  # tokens per prompt call: the compute buffers are sized for it
 ALWAYS_DENSE = 0.0  # down_dense_share: read ffn_down whenever a neuron is active
 NEVER_DENSE = 2.0   # down_dense_share: always the axpy over the active rows
+# Timings count once the two fastest rounds of every path agree within SETTLE: a busy machine
+# (another process on the cores) makes single rounds several times slower and at random, and
+# two paths 20% apart then swap places. Up to SETTLE_ROUNDS x the asked rounds are run.
+SETTLE = 1.05
+SETTLE_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -54,10 +58,10 @@ class Calibration:
     threads: int
     mode: str
     tokens: int          # decode steps timed per round
-    rounds: int
+    rounds: int          # rounds run (more than asked when they disagreed)
     active_share: float  # mean share of active down rows (the model's own masks)
     full_share: float    # the same with the thresholds scaled to ~0 (~1)
-    dense_us: float      # ffn_down per token, all layers, reading ffn_down in order (median of rounds)
+    dense_us: float      # ffn_down per token, all layers, reading ffn_down in order (fastest round)
     sparse_us: float     # the same, axpy over the active rows of down_t, the model's masks
     full_us: float       # the axpy with every neuron active
     share: float         # the crossover, in [0, 1] (1: the axpy always wins)
@@ -121,10 +125,23 @@ def _decode_us(model: Model, params: ContextParams, prompt: Sequence[int],
             {op for _name, op, _count, _total in times})
 
 
+def _settled(us: dict[str, list[float]], graph: dict[str, list[float]], runs: dict[str, object]) -> bool:
+    """True once each timed path's two fastest rounds agree within SETTLE (wall time of the
+    down paths, graph time of the gate/up paths, the figures each decision reads)."""
+    times = [us[k] for k in ("dense", "sparse", "full")] + [graph[k] for k in ("rows", "ggml") if k in runs]
+    for t in times:
+        a, b = sorted(t)[:2]
+        if not (b <= a * SETTLE):
+            return False
+    return True
+
+
 def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode: str = "auto",
             prompt: str = DEFAULT_PROMPT, console: Console | None = None) -> Calibration:
-    """Time both paths of the sparse down projection, interleaved round by round (a shared
-    machine drifts), on the same greedy continuation of `prompt`."""
+    """Time both paths of the sparse down projection (and threshold mode's gate/up both ways),
+    interleaved round by round (a shared machine drifts), on the same greedy continuation of
+    `prompt`; each path's fastest round counts. KairoxError when, with rounds > 1, the
+    rounds never agree (SETTLE): a decision from such timings would be a coin toss."""
     if n_tokens < 1 or rounds < 1:
         raise KairoxError("tokens and rounds must be >= 1")
     # weights read, not mapped: the mapped pages of the tensors the loader repacks would stay
@@ -161,10 +178,14 @@ def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode:
         us: dict[str, list[float]] = {k: [] for k in runs}
         graph: dict[str, list[float]] = {k: [] for k in runs}
         act: dict[str, list[float]] = {k: [] for k in runs}
+        done = 0
         with make_progress(console, transient=True) as bar:
             task = bar.add_task("timing ffn_down" + (" and gate/up" if "rows" in runs else ""),
                                 total=len(runs) * rounds)
-            for r in range(rounds):
+            while done < rounds or (rounds > 1 and not _settled(us, graph, runs) and done < SETTLE_ROUNDS * rounds):
+                if done == rounds:
+                    bar.update(task, total=len(runs) * SETTLE_ROUNDS * rounds,
+                               description="timing again (rounds disagree: is the machine busy?)")
                 for k, p in list(runs.items()):
                     if k not in runs:
                         continue
@@ -177,18 +198,24 @@ def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode:
                         # gate/up in the CPU backend's repacked layout: ggml's kernels read them
                         # either way, so there is nothing to choose
                         del runs["rows"], runs["ggml"]
-                        bar.update(task, total=len(runs) * rounds, completed=len(runs) * (r + 1))
-    med = {k: statistics.median(us[k]) for k in ("dense", "sparse", "full")}
+                        bar.update(task, total=len(runs) * rounds, completed=len(runs) * (done + 1))
+                done += 1
+    if rounds > 1 and not _settled(us, graph, runs):
+        raise KairoxError(f"the timings did not settle in {done} rounds (the two fastest rounds of a path "
+                          f"differ by more than {100 * (SETTLE - 1):.0f}%): the machine looks busy; run "
+                          "kairox calibrate MODEL when it is idle")
+    # other work on the machine only adds time, so each path's fastest round is its own cost
+    fast = {k: min(us[k]) for k in ("dense", "sparse", "full")}
     rho = float(np.mean(act["sparse"] + act["dense"]))
     rho_full = float(np.mean(act["full"]))
-    share = crossover(rho, med["sparse"], rho_full, med["full"], med["dense"])
+    share = crossover(rho, fast["sparse"], rho_full, fast["full"], fast["dense"])
     rows_us = ggml_us = None
     gate_up_rows = -1
     if "rows" in runs and graph["ggml"]:
-        rows_us, ggml_us = statistics.median(graph["rows"]), statistics.median(graph["ggml"])
+        rows_us, ggml_us = min(graph["rows"]), min(graph["ggml"])
         gate_up_rows = 0 if ggml_us < rows_us else 1
-    return Calibration(threads, run_mode, n_tokens, rounds, rho, rho_full, med["dense"], med["sparse"],
-                       med["full"], share, rows_us, ggml_us, gate_up_rows)
+    return Calibration(threads, run_mode, n_tokens, done, rho, rho_full, fast["dense"], fast["sparse"],
+                       fast["full"], share, rows_us, ggml_us, gate_up_rows)
 
 
 # sizes of GGUF's fixed-size value types (GGUFValueType: uint8 ... float64)
