@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from kairox_py.balancer import POLICIES, BalancerConfig  # noqa: E402
+from kairox_py.balancer import POLICIES, Balancer, BalancerConfig  # noqa: E402
 from kairox_py.errors import KairoxError  # noqa: E402
 from kairox_py.progress import make_progress  # noqa: E402
 from kairox_py.sim.figures import fig5, fig10, fig11, fig13  # noqa: E402
@@ -106,6 +106,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="keep the generated workloads (and reuse ones with the same parameters)")
     ap.add_argument("--no-figures", action="store_true", help="skip the paper's figures")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a bar cell fails")
+    ap.add_argument("--margin-min", type=float, default=None,
+                    help="adaptive TAM's smallest non-zero swap margin (default: BalancerConfig's)")
+    ap.add_argument("--margin-up", type=float, default=None,
+                    help="adaptive TAM's margin factor per I/O-bound step (default: BalancerConfig's)")
     args = ap.parse_args(argv)
     try:
         args.preset_list = _list(args.presets, str, "--presets")
@@ -125,6 +129,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("no seeds")
     if any(not 0.0 <= b <= 1.0 for b in args.budget_list):
         ap.error("budgets must be in [0, 1]")
+    margins = {k: v for k, v in (("margin_min", args.margin_min), ("margin_up", args.margin_up)) if v is not None}
+    args.balancer = BalancerConfig(**margins)
+    try:
+        with Balancer([1], [1], args.balancer):  # the library checks the margin's bounds
+            pass
+    except KairoxError as e:
+        ap.error(f"bad balancer settings: {e}")
     return args
 
 
@@ -205,7 +216,8 @@ def summary_markdown(cells: list[BarCell], rows: list[dict], args: argparse.Name
            f"Workloads {', '.join(args.preset_list)}; seeds {', '.join(map(str, args.seed_list))}"
            + (f", held out {', '.join(map(str, args.held_list))}" if args.held_list else "")
            + f"; PCs {', '.join(args.pc_list)}; budgets {', '.join(f'{b:g}' for b in args.budget_list)}; "
-           f"policies {', '.join(args.policy_list)}.", "", "## The bar", ""]
+           f"policies {', '.join(args.policy_list)}; adaptive TAM's swap margin from "
+           f"{args.balancer.margin_min:g}, x{args.balancer.margin_up:g} per I/O-bound step.", "", "## The bar", ""]
     for wl in args.preset_list:
         sub = [c for c in cells if c.workload == wl]
         if sub:
@@ -299,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
              for p in args.preset_list for i, s in enumerate(args.held_list)]
     params = {(j.preset, j.seed): _params(args, j.preset, j.seed) for j in jobs}
     n_runs = len(args.pc_list) * len(args.budget_list) * len(args.policy_list)
-    base = SimConfig(balancer=BalancerConfig())
+    base = SimConfig(balancer=args.balancer)
     rows: list[dict] = []
     with make_progress(console) as bar:
         gen = bar.add_task("generating", total=sum(p.n_seq * p.n_steps for p in params.values()))

@@ -61,6 +61,9 @@ def test_bad_arguments(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT), "--presets", "gelu-7b"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2 and "unknown workload preset gelu-7b" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--margin-up", "0.5"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and "bad balancer settings" in proc.stderr and "margin_up" in proc.stderr, proc.stderr
 
 
 def test_sweep_end_to_end(tmp_path: Path) -> None:
@@ -68,7 +71,7 @@ def test_sweep_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--seeds", "0", "--held-out", "5", "--layers", "2", "--n-ff", "512",
          "--steps", "12", "--seqs", "1", "--budgets", "0.25,0.5,0.75", "--policies", "static,topk,tam",
-         "--out", str(out)],
+         "--margin-min", "0.002", "--margin-up", "2", "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in ("sweep.csv", "bar.csv", "bar.md", "summary.md"):
@@ -87,3 +90,4 @@ def test_sweep_end_to_end(tmp_path: Path) -> None:
     assert not (out / "workloads").exists()  # deleted after their simulations
     assert "cells pass" in proc.stderr
     assert "held out" in (out / "summary.md").read_text()
+    assert "swap margin from 0.002, x2 per I/O-bound step" in (out / "summary.md").read_text()
