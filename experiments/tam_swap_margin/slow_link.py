@@ -3,6 +3,7 @@
 
     python3 experiments/tam_swap_margin/slow_link.py OUT.csv [--presets relu-7b,silu-7b]
         [--seeds 0] [--slowdowns 1,2,4,8] [--budgets 0.25,0.5,0.75] [--pc pc-low]
+        [--margin-min 0.01] [--margin-up 1.5]
 
 Why: on the paper's PCs the workloads of `kairox workload` leave almost every layer-step
 CPU-bound, so adaptive TAM's margin stays at 0 and the policy equals TAM at a fixed lambda
@@ -39,6 +40,10 @@ def main() -> None:
     ap.add_argument("--slowdowns", default="1,2,4,8", help="PCIe bandwidth divisors")
     ap.add_argument("--budgets", default="0.25,0.5,0.75")
     ap.add_argument("--pc", default="pc-low", help="hardware preset whose link is slowed")
+    ap.add_argument("--margin-min", type=float, default=BalancerConfig.margin_min,
+                    help="adaptive TAM's smallest non-zero swap margin")
+    ap.add_argument("--margin-up", type=float, default=BalancerConfig.margin_up,
+                    help="adaptive TAM's margin factor per I/O-bound step")
     args = ap.parse_args()
     pc = PRESETS[args.pc]
     with open(args.out, "w", newline="") as f, tempfile.TemporaryDirectory() as tmp:
@@ -55,8 +60,8 @@ def main() -> None:
                     cost = CostModel.build(trace, link, trace_cpu(trace), data.group_size)
                     for b in (float(v) for v in args.budgets.split(",")):
                         for pol in POLICIES:
-                            s = simulate(data, cost, SimConfig(preset=args.pc, budget=b,
-                                                               balancer=BalancerConfig(policy=pol))).summary()
+                            bal = BalancerConfig(policy=pol, margin_min=args.margin_min, margin_up=args.margin_up)
+                            s = simulate(data, cost, SimConfig(preset=args.pc, budget=b, balancer=bal)).summary()
                             w.writerow([preset, seed, f"{slow:g}", f"{b:g}", pol, f"{s['tok_s']:.4f}",
                                         f"{s['mb_moved']:.2f}", f"{s['hit_rate']:.4f}", f"{s['io_bound']:.4f}",
                                         f"{s['margin']:.4f}", f"{s['lambda']:.3f}"])
