@@ -6,7 +6,7 @@ shared, noisy machine falls on both sides equally. Each round gives one ratio pe
 Kairox file's tokens/s over the original's in that round); the summary is the median ratio
 and its range over rounds, which is what a claim such as ">= 0.97x of the original" should be
 checked against: a single llama-bench run of each file, minutes apart, can differ by 10% on a
-2-core virtual machine with nothing changed.
+small shared machine with nothing changed.
 
     python3 scripts/ab_llama_bench.py ORIGINAL.gguf KX.gguf -t 2 --rounds 4 -o DIR
 
