@@ -26,6 +26,7 @@ import ctypes
 import functools
 import importlib.metadata
 import os
+import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from ctypes import (
@@ -483,6 +484,20 @@ def find_library() -> Path:
         f"{LIB_NAME} not found: install the package with `pip install .` (builds it), "
         f"or build it with `cmake -S . -B build/dev -G Ninja && cmake --build build/dev "
         f"--target kairox`, or point {ENV_LIB} at it")
+
+
+def find_tool(name: str) -> Path | None:
+    """A llama.cpp tool (llama-bench, llama-server, ...): the one built next to libkairox, in
+    its build's bin/ folder, so that it runs the same kernels as the library; else one on
+    PATH; None if neither."""
+    try:
+        near = find_library().resolve().parent / "bin" / name
+    except KairoxError:
+        near = None
+    if near is not None and near.is_file():
+        return near
+    on_path = shutil.which(name)
+    return Path(on_path) if on_path else None
 
 
 # ---------------------------------------------------------------------------------------

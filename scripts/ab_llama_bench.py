@@ -23,12 +23,9 @@ import sys
 from datetime import date
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def default_bench() -> Path:
-    """The developer build's llama-bench, the same build as the library the tests use."""
-    return ROOT / "build" / "dev" / "bin" / "llama-bench"
+from kairox_py._lib import find_tool  # noqa: E402
 
 
 def run_bench(bench: Path, model: Path, args: argparse.Namespace) -> list[dict[str, str]]:
@@ -58,10 +55,14 @@ def main() -> None:
     ap.add_argument("-n", "--gen", type=int, default=64, help="decode tokens (tg test)")
     ap.add_argument("-r", "--reps", type=int, default=3, help="llama-bench repetitions per call")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--bench", type=Path, default=None, help="llama-bench binary (default: build/dev)")
+    ap.add_argument("--bench", type=Path, default=None,
+                    help="llama-bench binary (default: the one built next to libkairox, else on PATH)")
     ap.add_argument("-o", "--out", type=Path, required=True)
     args = ap.parse_args()
-    bench = args.bench or default_bench()
+    bench = args.bench or find_tool("llama-bench")
+    if bench is None:
+        sys.exit("no llama-bench next to libkairox or on PATH: build the tools (README's developer build) "
+                 "or give --bench")
     for p in (bench, args.original, args.kairox):
         if not p.is_file():
             sys.exit(f"not found: {p}")

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, set_group_freq  # noqa: E402
 from kairox_py.benchmark.synthetic import write_original, write_synthetic_llama  # noqa: E402
-from kairox_py._lib import find_library  # noqa: E402
+from kairox_py._lib import find_tool  # noqa: E402
 from kairox_py.errors import KairoxError  # noqa: E402
 from kairox_py.llama import FFN_WEIGHTS, ContextParams, Model, has_gpu  # noqa: E402
 from kairox_py.sim.traces import pack  # noqa: E402
@@ -96,12 +96,6 @@ def layer_bytes(path: Path) -> tuple[int, int, int]:
         elif t.name == "output.weight":
             out = int(t.n_bytes)
     return max(per.values()), out, total
-
-
-def _bench_near(lib: Path) -> str:
-    """llama-bench of the library's own build (its bin/ folder), if there is one."""
-    p = lib.resolve().parent / "bin" / "llama-bench"
-    return str(p) if p.is_file() else ""
 
 
 def best_ngl(budget: float, n_layer: int, per_layer: int, out_bytes: int) -> int:
@@ -322,7 +316,7 @@ def main() -> int:
                       + " ".join(f"{k}={v:.3g}" for k, v in r.stats.items()))
 
     # llama.cpp: the original GGUF through upstream's kernels and offload
-    bench = a.llama_bench or _bench_near(find_library()) or shutil.which("llama-bench") or ""
+    bench = a.llama_bench or str(find_tool("llama-bench") or "")
     if bench and gpu:
         ffn_layer = sum(int(t.n_bytes) for t in GGUFReader(orig_path).tensors if t.name.startswith("blk.0.ffn_")
                         and not t.name.endswith("norm.weight"))

@@ -69,3 +69,25 @@ def test_every_declaration_is_bound() -> None:
         c_fn = bound[name]
         if isinstance(c_fn, ctypes._CFuncPtr):  # optional ones a stale build lacks are stubs
             assert tuple(c_fn.argtypes or ()) == argtypes and c_fn.restype is restype, name
+
+
+def test_find_tool_next_to_the_library_then_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's tools are looked up in the library's own build first (same kernels), then
+    on PATH; a tool in neither place is None, not an error."""
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    lib = build / "libkairox.so"
+    lib.write_bytes(b"")
+    tool = build / "bin" / "llama-bench"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    elsewhere = tmp_path / "path"
+    elsewhere.mkdir()
+    other = elsewhere / "llama-server"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("KAIROX_LIB", str(lib))
+    monkeypatch.setenv("PATH", str(elsewhere))
+    assert _lib.find_tool("llama-bench") == tool.resolve()
+    assert _lib.find_tool("llama-server") == other
+    assert _lib.find_tool("llama-nothing") is None
