@@ -125,11 +125,9 @@ def _decode_us(model: Model, params: ContextParams, prompt: Sequence[int],
             {op for _name, op, _count, _total in times})
 
 
-def _settled(us: dict[str, list[float]], graph: dict[str, list[float]], runs: dict[str, object]) -> bool:
-    """True once each timed path's two fastest rounds agree within SETTLE (wall time of the
-    down paths, graph time of the gate/up paths, the figures each decision reads)."""
-    times = [us[k] for k in ("dense", "sparse", "full")] + [graph[k] for k in ("rows", "ggml") if k in runs]
-    for t in times:
+def _settled(timings: Sequence[list[float]]) -> bool:
+    """True when each path's two fastest rounds agree within SETTLE."""
+    for t in timings:
         a, b = sorted(t)[:2]
         if not (b <= a * SETTLE):
             return False
@@ -178,14 +176,18 @@ def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode:
         us: dict[str, list[float]] = {k: [] for k in runs}
         graph: dict[str, list[float]] = {k: [] for k in runs}
         act: dict[str, list[float]] = {k: [] for k in runs}
-        done = 0
+
+        def decisive() -> list[list[float]]:
+            """The timings the decisions read: wall time of the down paths, graph time of the
+            gate/up paths."""
+            return [us[k] for k in ("dense", "sparse", "full")] + [graph[k] for k in ("rows", "ggml") if k in runs]
+
+        done, settled = 0, False
+        limit = rounds if rounds == 1 else SETTLE_ROUNDS * rounds  # one round: nothing to compare
         with make_progress(console, transient=True) as bar:
             task = bar.add_task("timing ffn_down" + (" and gate/up" if "rows" in runs else ""),
                                 total=len(runs) * rounds)
-            while done < rounds or (rounds > 1 and not _settled(us, graph, runs) and done < SETTLE_ROUNDS * rounds):
-                if done == rounds:
-                    bar.update(task, total=len(runs) * SETTLE_ROUNDS * rounds,
-                               description="timing again (rounds disagree: is the machine busy?)")
+            while not settled and done < limit:
                 for k, p in list(runs.items()):
                     if k not in runs:
                         continue
@@ -200,7 +202,11 @@ def measure(path: Path, threads: int, n_tokens: int = 32, rounds: int = 3, mode:
                         del runs["rows"], runs["ggml"]
                         bar.update(task, total=len(runs) * rounds, completed=len(runs) * (done + 1))
                 done += 1
-    if rounds > 1 and not _settled(us, graph, runs):
+                settled = done >= rounds and (rounds == 1 or _settled(decisive()))
+                if done == rounds and not settled:
+                    bar.update(task, total=len(runs) * limit,
+                               description="timing again (rounds disagree: is the machine busy?)")
+    if not settled:
         raise KairoxError(f"the timings did not settle in {done} rounds (the two fastest rounds of a path "
                           f"differ by more than {100 * (SETTLE - 1):.0f}%): the machine looks busy; run "
                           "kairox calibrate MODEL when it is idle")
