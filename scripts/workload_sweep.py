@@ -106,10 +106,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="keep the generated workloads (and reuse ones with the same parameters)")
     ap.add_argument("--no-figures", action="store_true", help="skip the paper's figures")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a bar cell fails")
-    ap.add_argument("--margin-min", type=float, default=None,
-                    help="adaptive TAM's smallest non-zero swap margin (default: BalancerConfig's)")
-    ap.add_argument("--margin-up", type=float, default=None,
-                    help="adaptive TAM's margin factor per I/O-bound step (default: BalancerConfig's)")
+    ap.add_argument("--margin-min", type=float, default=BalancerConfig.margin_min,
+                    help="adaptive TAM's smallest non-zero swap margin (default %(default)s)")
+    ap.add_argument("--margin-up", type=float, default=BalancerConfig.margin_up,
+                    help="adaptive TAM's margin factor per I/O-bound step (default %(default)s)")
     args = ap.parse_args(argv)
     try:
         args.preset_list = _list(args.presets, str, "--presets")
@@ -129,8 +129,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("no seeds")
     if any(not 0.0 <= b <= 1.0 for b in args.budget_list):
         ap.error("budgets must be in [0, 1]")
-    margins = {k: v for k, v in (("margin_min", args.margin_min), ("margin_up", args.margin_up)) if v is not None}
-    args.balancer = BalancerConfig(**margins)
+    args.balancer = BalancerConfig(margin_min=args.margin_min, margin_up=args.margin_up)
     try:
         with Balancer([1], [1], args.balancer):  # the library checks the margin's bounds
             pass
