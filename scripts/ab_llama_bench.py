@@ -41,7 +41,8 @@ def run_bench(bench: Path, model: Path, args: argparse.Namespace) -> list[dict[s
     return rows
 
 
-def test_name(row: dict[str, str]) -> str:
+def _test_label(row: dict[str, str]) -> str:
+    """llama-bench's name of the test a row reports: ppN (prefill) or tgN (decode)."""
     n_prompt, n_gen = int(row["n_prompt"]), int(row["n_gen"])
     return f"pp{n_prompt}" if n_gen == 0 else f"tg{n_gen}"
 
@@ -71,19 +72,17 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     models = {"original": args.original, "kairox": args.kairox}
-    tps: dict[tuple[int, str, str], float] = {}
     rows_out: list[dict[str, object]] = []
     for rnd in range(args.rounds):
         order = ["original", "kairox"] if rnd % 2 == 0 else ["kairox", "original"]
         for name in order:
-            for row in run_bench(bench, models[name], args):
-                test = test_name(row)
-                tps[(rnd, name, test)] = float(row["avg_ts"])
-                rows_out.append({"round": rnd + 1, "model": name, "file": models[name].name, "test": test,
-                                 "avg_ts": float(row["avg_ts"]), "stddev_ts": float(row["stddev_ts"])})
-        line = "  ".join(f"{t} {tps[(rnd, 'kairox', t)] / tps[(rnd, 'original', t)]:.3f}x"
-                         for (r, n, t) in tps if r == rnd and n == "original")
+            rows_out += [{"round": rnd + 1, "model": name, "file": models[name].name, "test": _test_label(row),
+                          "avg_ts": float(row["avg_ts"]), "stddev_ts": float(row["stddev_ts"])}
+                         for row in run_bench(bench, models[name], args)]
+        now = {(r["model"], r["test"]): r["avg_ts"] for r in rows_out if r["round"] == rnd + 1}
+        line = "  ".join(f"{t} {now[('kairox', t)] / now[('original', t)]:.3f}x" for (n, t) in now if n == "original")
         print(f"round {rnd + 1}/{args.rounds}: {line}", flush=True)
+    tps = {(int(r["round"]) - 1, str(r["model"]), str(r["test"])): float(r["avg_ts"]) for r in rows_out}
 
     with open(args.out / "rounds.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows_out[0]))
