@@ -301,6 +301,10 @@ class kairox_hybrid_layer_stats(Structure):
         ("t_cpu_us", c_double),
         ("lambda_now", c_float),  # the decay at the last step
         ("margin_now", c_float),  # the swap margin at the last step (adaptive TAM; 0 otherwise)
+        ("n_ahead", c_int64),  # steps planned one layer early (the adjacent predictor's head start)
+        ("n_loads_early", c_int64),  # loads that landed in the token whose step queued them
+        ("t_plan_us", c_double),
+        ("t_stall_us", c_double),  # time the plan waited for the reload worker
     ]
 
 

@@ -88,6 +88,10 @@ class HybridLayerStats:
     t_cpu_us: float
     lambda_now: float
     margin_now: float  # adaptive TAM's swap margin (0 for other policies)
+    steps_ahead: int  # steps planned during the layer before (the live pipeline's head start)
+    loads_early: int  # loads that landed in the token whose step queued them
+    t_plan_us: float
+    t_stall_us: float  # time the plan waited for reloads still copying
 
     @property
     def hit_rate(self) -> float:
@@ -102,4 +106,5 @@ class HybridLayerStats:
     def from_c(cls, s: _lib.kairox_hybrid_layer_stats) -> HybridLayerStats:
         return cls(s.n_groups, s.n_slots, s.n_resident, s.n_steps, s.n_loads, s.n_evicts,
                    s.bytes_reloaded, s.n_active, s.n_active_dev, s.n_dev_computed, s.n_io_bound,
-                   s.t_io_us, s.t_cpu_us, s.lambda_now, s.margin_now)
+                   s.t_io_us, s.t_cpu_us, s.lambda_now, s.margin_now, s.n_ahead, s.n_loads_early,
+                   s.t_plan_us, s.t_stall_us)

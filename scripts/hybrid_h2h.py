@@ -64,7 +64,7 @@ GROUP = 32
 PROMPT = "The tide comes in twice a day because"
 FIELDS = ["workload", "budget", "engine", "config", "tok_s", "runs", "vram_gib", "cache_share", "hit_rate",
           "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean", "margin_mean", "splits_per_tok",
-          "vs_best_ngl", "vs_cpu_only"]
+          "ahead_share", "early_load_share", "plan_us_per_layer", "stall_us_per_layer", "vs_best_ngl", "vs_cpu_only"]
 
 
 @dataclass
@@ -170,6 +170,12 @@ def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits:
                 "io_bound_share": sum(x.io_bound_steps for x in hs) / max(1, sum(x.steps for x in hs)),
                 "lambda_mean": float(np.mean([x.lambda_now for x in hs])),
                 "margin_mean": float(np.mean([x.margin_now for x in hs])),
+                # the live pipeline: steps planned during the layer before, loads landed in their
+                # own token, the plan's and the reload waits' time per planned layer step
+                "ahead_share": sum(x.steps_ahead for x in hs) / max(1, sum(x.steps for x in hs)),
+                "early_load_share": sum(x.loads_early for x in hs) / max(1, sum(x.loads for x in hs)),
+                "plan_us_per_layer": sum(x.t_plan_us for x in hs) / max(1, sum(x.steps for x in hs)),
+                "stall_us_per_layer": sum(x.t_stall_us for x in hs) / max(1, sum(x.steps for x in hs)),
             }
         return n / dt, st
 
@@ -195,10 +201,12 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                         f"{r.vram_gib:.3f}", f"{r.cache_share:.3f}",
                         *(f"{st[k]:.4f}" if k in st else "" for k in
                           ("hit_rate", "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean",
-                           "margin_mean", "splits_per_tok")),
+                           "margin_mean", "splits_per_tok", "ahead_share", "early_load_share", "plan_us_per_layer",
+                           "stall_us_per_layer")),
                         ratio(r.tok_s, best.get(r.budget)), ratio(r.tok_s, cpu.get(r.workload))])
     head = ["workload", "budget", "engine", "configuration", "tok/s", "VRAM GiB", "cache share", "hit rate",
-            "reload MB/tok", "CPU half us/layer", "splits/token", "x best -ngl", "x CPU-only"]
+            "reload MB/tok", "CPU half us/layer", "planned ahead", "loads landed early", "splits/token",
+            "x best -ngl", "x CPU-only"]
     with open(out / "h2h.md", "w") as f:
         f.write(f"{title}\n\n| " + " | ".join(head) + " |\n" + "|---" * len(head) + "|\n")
         for r in rows:
@@ -209,6 +217,8 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                 f"{st['hit_rate']:.2f}" if "hit_rate" in st else "",
                 f"{st['reload_mb_per_tok']:.1f}" if "reload_mb_per_tok" in st else "",
                 f"{st['cpu_us_per_layer']:.0f}" if "cpu_us_per_layer" in st else "",
+                f"{st['ahead_share']:.2f}" if "ahead_share" in st else "",
+                f"{st['early_load_share']:.2f}" if "early_load_share" in st else "",
                 f"{st['splits_per_tok']:.0f}" if "splits_per_tok" in st else "",
                 ratio(r.tok_s, best.get(r.budget)) + ("x" if best.get(r.budget) else ""),
                 ratio(r.tok_s, cpu.get(r.workload)) + ("x" if cpu.get(r.workload) else ""),

@@ -241,35 +241,65 @@ def test_generation_stopped_mid_decode_then_freed(kx_model: Path) -> None:
     assert "32/32 aborts clean" in proc.stdout
 
 
-def test_loads_land_for_the_next_step(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
-    """The reload worker copies a step's loads while the rest of the token computes: right after
-    a step, the groups it loaded are not resident yet (the CPU still computes them), so a layer
-    with a full cache has n_slots - loads_of_that_step groups bound; deterministic mode waits for
-    its loads, so every slot is bound after every step."""
+def test_loads_land_in_the_same_token_or_at_the_next_step(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
+    """The reload worker copies a step's loads while the token goes on computing. A load whose
+    copy is done at a land check (the layer is planned during the layer before it, and checked
+    again before its device half) is bound in the same token: that token's halves already use it;
+    the others stay on the CPU until the layer's next plan. So right after a step, a layer with a
+    full cache has n_slots - (loads - early loads) groups bound. Deterministic mode waits for its
+    loads, so every slot is bound after every step."""
     budget = _budget(sizes, 0.3)
     with Model(kx_model) as m:
         for det in (False, True):
             with m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy="topk",
                                          deterministic=det)) as s:
                 s.decode(m.tokenize(PROMPT))
-                prev = [st.loads for st in s.hybrid_stats()]
-                seen_inflight = 0
+                prev = [(st.loads, st.loads_early) for st in s.hybrid_stats()]
+                seen_loads = seen_early = 0
                 for _ in range(6):
                     s.decode([int(s.logits().argmax())])
                     stats = s.hybrid_stats()
                     for il, st in enumerate(stats):
                         if st.n_slots == 0:
                             continue
-                        step_loads = st.loads - prev[il]
+                        step_loads = st.loads - prev[il][0]
+                        step_early = st.loads_early - prev[il][1]
                         bound = int(s.resident_groups(il).sum())
+                        assert 0 <= step_early <= step_loads
                         if det:
-                            assert bound == st.n_slots, (il, bound, st.n_slots)
+                            assert bound == st.n_slots and step_early == 0, (il, bound, st.n_slots)
                         else:
-                            assert bound == st.n_slots - step_loads, (il, bound, st.n_slots, step_loads)
-                            seen_inflight += step_loads
-                    prev = [st.loads for st in stats]
+                            assert bound == st.n_slots - (step_loads - step_early), (il, bound, st.n_slots, step_loads)
+                        seen_loads += step_loads
+                        seen_early += step_early
+                    prev = [(st.loads, st.loads_early) for st in stats]
+                assert seen_loads > 0  # Top-K moves groups every step
                 if not det:
-                    assert seen_inflight > 0  # Top-K moves groups every step
+                    # the stand-in's copies are short next to a layer's CPU half: most land early
+                    assert seen_early > 0
+
+
+def test_head_start_plans_each_split_layer_one_layer_early(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
+    """With the adjacent predictor, a layer that splits between the device and the CPU is planned
+    during the layer before it when that layer splits too: every step of such a layer is
+    planned ahead, the first split layer (and layer 0, which predicts from its own input) at
+    its own step. The results stay the CPU-only path's (test_same_tokens_as_cpu_sparse)."""
+    budget = _budget(sizes, 0.3)
+    with Model(kx_model) as m, m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget,
+                                                       policy="tam", deterministic=True)) as s:
+        s.decode(m.tokenize(PROMPT))
+        s.reset_hybrid_stats()
+        n = 5
+        for _ in range(n):
+            s.decode([int(s.logits().argmax())])
+        hs = s.hybrid_stats()
+        split = [0 < st.n_slots < st.n_groups for st in hs]
+        assert sum(split) >= 2
+        for il, st in enumerate(hs):
+            ahead = il > 0 and split[il] and split[il - 1]
+            assert st.steps == (n if split[il] else 0), (il, st)
+            assert st.steps_ahead == (n if ahead else 0), (il, st)
+            assert st.t_plan_us > 0 or not split[il]
 
 
 def _kv_bytes(m: Model, n_ctx: int) -> int:

@@ -353,7 +353,8 @@ def _stats_table(session: Session) -> Table:
 
 
 def _hybrid_table(session: Session) -> Table:
-    """What the device cache did per layer: hits, reloads, time, lambda."""
+    """What the device cache did per layer: hits, reloads, the pipeline's time and head start
+    (steps planned during the layer before, loads landed in their own token), lambda."""
     info, budget = session.hybrid_info(), session.hybrid_budget()
     assert info is not None and budget is not None
     gib = 1 << 30
@@ -365,17 +366,18 @@ def _hybrid_table(session: Session) -> Table:
                         f"{info.budget_bytes / gib:.3f} GiB{auto}; dense {info.dense_bytes / gib:.3f} "
                         f"+ cache {info.cache_bytes / gib:.3f} GiB, {info.n_slots}/{info.n_groups} "
                         f"groups of {info.group_size}", title_justify="left")
-    for col in ("layer", "slots", "hit rate", "loads", "MiB reloaded", "io ms", "cpu ms",
-                "io-bound", "lambda", "margin"):
+    for col in ("layer", "slots", "hit rate", "loads", "landed early", "MiB reloaded", "io ms", "stall ms",
+                "plan ms", "cpu ms", "planned ahead", "io-bound", "lambda", "margin"):
         table.add_column(col, justify="right")
     for i, st in enumerate(session.hybrid_stats()):
         if st.n_slots == 0:  # no cache in this layer: it runs on the CPU alone, the runtime skips it
-            table.add_row(str(i), f"0/{st.n_groups}", "-", "-", "-", "-", "-", "-", "-", "-")
+            table.add_row(str(i), f"0/{st.n_groups}", *["-"] * 12)
             continue
         table.add_row(str(i), f"{st.n_slots}/{st.n_groups}",
                       "-" if not st.active else f"{100 * st.hit_rate:.1f}%", str(st.loads),
-                      f"{st.bytes_reloaded / (1 << 20):.2f}", f"{st.t_io_us / 1000:.1f}",
-                      f"{st.t_cpu_us / 1000:.1f}", f"{st.io_bound_steps}/{st.steps}",
+                      f"{st.loads_early}/{st.loads}", f"{st.bytes_reloaded / (1 << 20):.2f}",
+                      f"{st.t_io_us / 1000:.1f}", f"{st.t_stall_us / 1000:.1f}", f"{st.t_plan_us / 1000:.1f}",
+                      f"{st.t_cpu_us / 1000:.1f}", f"{st.steps_ahead}/{st.steps}", f"{st.io_bound_steps}/{st.steps}",
                       f"{st.lambda_now:.3f}", f"{st.margin_now:.3f}")
     return table
 
