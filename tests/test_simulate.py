@@ -106,7 +106,7 @@ def test_budget_extremes(synth: Trace) -> None:
 
 def test_per_layer_slots_and_layer0_source(synth: Trace) -> None:
     """slots= overrides the uniform share per layer (the hybrid runtime's apportioning), and
-    layer0='current' decides layer 0 from its own step (the CPU stand-in) instead of the
+    layer0='current' decides layer 0 from its own step (the runtime without prefetch) instead of the
     previous step's pattern; other layers do not care."""
     data = SequenceData(synth, "predicted", GS)
     cost = CostModel.build(synth, PRESETS["pc-low"], DEFAULT_CPU, GS)

@@ -270,7 +270,8 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
             if stats:
                 console.print(_stats_table(session))
                 if session.hybrid_info() is not None:
-                    console.print(_hybrid_table(session))
+                    for table in _hybrid_tables(session):
+                        console.print(table)
             if reference is not None:
                 console.print(_comparison(session, reference, tokens, ctx_size, batch_size, threads,
                                           use_mmap))
@@ -352,9 +353,10 @@ def _stats_table(session: Session) -> Table:
     return table
 
 
-def _hybrid_table(session: Session) -> Table:
-    """What the device cache did per layer: hits, reloads, the pipeline's time and head start
-    (steps planned during the layer before, loads landed in their own token), lambda."""
+def _hybrid_tables(session: Session) -> tuple[Table, Table]:
+    """What the device cache did per layer (hits, reloads, lambda), and where the pipeline's
+    time went (steps planned before the layer's own input existed, plan, reload copies, waits
+    for them, the CPU half)."""
     info, budget = session.hybrid_info(), session.hybrid_budget()
     assert info is not None and budget is not None
     gib = 1 << 30
@@ -362,24 +364,28 @@ def _hybrid_table(session: Session) -> Table:
     if budget.is_auto:
         auto = (f" (auto: {budget.device_free / gib:.3f} free - KV cache {budget.kv_bytes / gib:.3f} "
                 f"- compute {budget.compute_bytes / gib:.3f} - reserve {budget.reserve_bytes / gib:.3f})")
-    table = Table(title=f"hybrid runtime ({info.device}, policy {info.policy}): budget "
+    cache = Table(title=f"hybrid runtime ({info.device}, policy {info.policy}): budget "
                         f"{info.budget_bytes / gib:.3f} GiB{auto}; dense {info.dense_bytes / gib:.3f} "
                         f"+ cache {info.cache_bytes / gib:.3f} GiB, {info.n_slots}/{info.n_groups} "
                         f"groups of {info.group_size}", title_justify="left")
-    for col in ("layer", "slots", "hit rate", "loads", "landed early", "MiB reloaded", "io ms", "stall ms",
-                "plan ms", "cpu ms", "planned ahead", "io-bound", "lambda", "margin"):
-        table.add_column(col, justify="right")
+    for col in ("layer", "slots", "hit rate", "loads", "landed early", "MiB reloaded", "lambda", "margin"):
+        cache.add_column(col, justify="right")
+    pipe = Table(title="hybrid pipeline per layer (ms in all)", title_justify="left")
+    for col in ("layer", "planned ahead", "plan", "reloads", "stall", "CPU half", "io-bound"):
+        pipe.add_column(col, justify="right")
     for i, st in enumerate(session.hybrid_stats()):
         if st.n_slots == 0:  # no cache in this layer: it runs on the CPU alone, the runtime skips it
-            table.add_row(str(i), f"0/{st.n_groups}", *["-"] * 12)
+            cache.add_row(str(i), f"0/{st.n_groups}", *["-"] * 6)
+            pipe.add_row(str(i), *["-"] * 6)
             continue
-        table.add_row(str(i), f"{st.n_slots}/{st.n_groups}",
+        cache.add_row(str(i), f"{st.n_slots}/{st.n_groups}",
                       "-" if not st.active else f"{100 * st.hit_rate:.1f}%", str(st.loads),
                       f"{st.loads_early}/{st.loads}", f"{st.bytes_reloaded / (1 << 20):.2f}",
-                      f"{st.t_io_us / 1000:.1f}", f"{st.t_stall_us / 1000:.1f}", f"{st.t_plan_us / 1000:.1f}",
-                      f"{st.t_cpu_us / 1000:.1f}", f"{st.steps_ahead}/{st.steps}", f"{st.io_bound_steps}/{st.steps}",
                       f"{st.lambda_now:.3f}", f"{st.margin_now:.3f}")
-    return table
+        pipe.add_row(str(i), f"{st.steps_ahead}/{st.steps}", f"{st.t_plan_us / 1000:.1f}",
+                     f"{st.t_io_us / 1000:.1f}", f"{st.t_stall_us / 1000:.1f}", f"{st.t_cpu_us / 1000:.1f}",
+                     f"{st.io_bound_steps}/{st.steps}")
+    return cache, pipe
 
 
 def _speed_table(session: Session, n_prompt: int) -> Table:

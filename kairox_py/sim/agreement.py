@@ -3,7 +3,7 @@
 Why: the simulator is how policies are compared without a GPU, so it must predict what the
 real runtime does. Both sides run the same C++ balancer on the same per-step masks; this module
 replays a trace with the runtime's per-layer slot counts (deterministic: nothing adapts, no
-timing feedback, layer 0 decided from its own step, as the CPU stand-in does) and sets the
+timing feedback; layer 0 decided as the runtime decides it, see `layer0_source`) and sets the
 runtime's reload volume and hit rates beside the simulator's. `scripts/hybrid_vs_sim.py` feeds
 it a real model's recorded masks, `scripts/workload_vs_sim.py` a workload a synthetic model ran.
 """
@@ -46,6 +46,16 @@ class RuntimeCounts:
         self.slots[share] = tuple(x.n_slots for x in stats)
 
 
+def layer0_source(slots: Sequence[int], n_groups: int) -> str:
+    """Where the runtime's layer-0 decisions come from: while layer 0 and the last layer both
+    split between device and CPU, layer 0's step for a token runs during the last layer of the
+    token before, from that token's pattern (the simulator's "prefetch"); otherwise layer 0
+    plans at its own step ("current")."""
+    def split(n: int) -> bool:
+        return 0 < n < n_groups
+    return "prefetch" if split(slots[0]) and split(slots[-1]) else "current"
+
+
 def rel_diff(a: float, b: float) -> float:
     return abs(a - b) / abs(b) if b else (0.0 if a == b else math.inf)
 
@@ -64,8 +74,8 @@ def compare(data: SequenceData, cpu: CpuCalibration, counts: RuntimeCounts, shar
         cached = np.asarray(slots) > 0
         for pol in policies:
             fixed = BalancerConfig(policy=BALANCER_NAME[POLICIES[pol]])
-            res = simulate(data, cost, SimConfig(budget=share, balancer=fixed, deadband_us=math.inf,
-                                                 slots=slots, layer0="current"))
+            res = simulate(data, cost, SimConfig(budget=share, balancer=fixed, deadband_us=math.inf, slots=slots,
+                                                 layer0=layer0_source(slots, trace.n_ff // data.group_size)))
             keep = np.ones(res.n_tokens, dtype=bool)
             if drop_first_step:
                 keep[:: trace.n_steps] = False

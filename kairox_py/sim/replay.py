@@ -261,7 +261,8 @@ class SimConfig:
     slots: tuple[int, ...] = ()
     # where layer 0's decision comes from: "prefetch" = the previous step's layer-0 pattern
     # (loaded during sampling, the live pipeline); "current" = the step's own prediction
-    # (the runtime plans layer 0 right after its own predictor, as the CPU stand-in does)
+    # (the hybrid runtime plans layer 0 at its own step unless layer 0 and the last layer both
+    # split between device and CPU; sim/agreement.py layer0_source)
     layer0: str = "prefetch"
 
     @property
