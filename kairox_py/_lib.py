@@ -277,6 +277,8 @@ class kairox_params(Structure):
         ("activation", c_int32),  # enum kairox_activation: the FFN activation on every path; 0: the model's
         # version 6
         ("gate_up_rows", c_int32),  # threshold mode's whole gate/up: 1 row kernels, 0 ggml's; < 0: the model's
+        # version 7
+        ("head_start", c_int32),  # hybrid: 1 plan layers before their own input exists; 0 at their own step
     ]
 
 

@@ -439,6 +439,10 @@ class ContextParams:
     #: row kernels, 0 through ggml's mat-vec (for plain rows; repacked ones always take ggml's);
     #: < 0: the model's kairox.gate_up_rows (kairox calibrate), else 1
     gate_up_rows: int = -1
+    #: hybrid runtime: plan layers before their own FFN input exists (the live pipeline's head
+    #: start: each split layer during the layer before it, layer 0 during the previous token's
+    #: last layer); False plans every layer at its own step (the ablation)
+    head_start: bool = True
     #: the FFN activation on every path, dense included: "model" (its kairox.activation, else
     #: its architecture's), or "relu" / "silu" / "gelu" (a ReLU-fied llama's GGUF cannot say
     #: "relu": its profile before conversion runs with "relu")
@@ -473,6 +477,8 @@ class ContextParams:
             raise KairoxError(f"down_dense_share must be finite, got {self.down_dense_share}")
         if not isinstance(self.gate_up_rows, int) or self.gate_up_rows > 1:
             raise KairoxError(f"gate_up_rows must be 0, 1 or negative (the model's), got {self.gate_up_rows!r}")
+        if not isinstance(self.head_start, bool):
+            raise KairoxError(f"head_start must be True or False, got {self.head_start!r}")
         if self.activation not in _lib.KAIROX_ACTIVATIONS:
             raise KairoxError(f"activation must be one of {', '.join(_lib.KAIROX_ACTIVATIONS)}, "
                               f"got {self.activation!r}")
@@ -557,6 +563,7 @@ def _create_context(model: Model, params: ContextParams) -> int:
     kp.deterministic = params.deterministic
     kp.down_dense_share = params.down_dense_share
     kp.gate_up_rows = params.gate_up_rows
+    kp.head_start = int(params.head_start)
     kp.activation = _lib.KAIROX_ACTIVATIONS[params.activation]
     _lib.take_log_errors()
     ctx = _lib.kairox_init_from_model(model.ptr, cp, ctypes.byref(kp))

@@ -12,8 +12,9 @@ derived from it. A VRAM budget is a share of the original's bytes. Rows, per bud
   everything-fits reference).
 - Kairox, its attention on the GPU and its FFN sparse: CPU-only (no cache), then the hybrid
   runtime with the cache the budget leaves after the dense part, for each balancer policy
-  (static = PowerInfer's offline placement, eager, TAM with fixed lambda, TAM adaptive), and
-  with every group cached (everything fits).
+  (static = PowerInfer's offline placement, eager, TAM with fixed lambda, TAM adaptive; each
+  with the live pipeline's head start, and TAM adaptive also without it: `tam/no-head-start`),
+  and with every group cached (everything fits).
 
 Kairox's masks come from activation workloads run through the real runtime
 (`Session.set_workload`): `fixed` (the same random neurons every token), `random` (fresh
@@ -53,6 +54,7 @@ from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, set_group_freq  # 
 from kairox_py.benchmark.synthetic import write_original, write_synthetic_llama  # noqa: E402
 from kairox_py._lib import find_tool  # noqa: E402
 from kairox_py.errors import KairoxError  # noqa: E402
+from kairox_py.hybrid import POLICIES  # noqa: E402
 from kairox_py.llama import FFN_WEIGHTS, ContextParams, Model, has_gpu  # noqa: E402
 from kairox_py.sim.traces import pack  # noqa: E402
 from kairox_py.workload.model import PRESETS as WORKLOAD_PRESETS  # noqa: E402
@@ -267,7 +269,9 @@ def main() -> int:
     ap.add_argument("--workloads", default="relu-7b,silu-7b,fixed,random")
     ap.add_argument("--density", type=float, default=0.1, help="fixed and random workloads: share of neurons selected")
     ap.add_argument("--budgets", default="0.5,0.75", help="VRAM budgets as shares of the original's bytes")
-    ap.add_argument("--policies", default="static,eager,tam-t,tam")
+    ap.add_argument("--policies", default="static,eager,tam-t,tam,tam/no-head-start",
+                    help="balancer policies; POLICY/no-head-start: that policy with every layer planned at "
+                         "its own step (the pipeline's ablation)")
     ap.add_argument("--fit-policy", default="tam", help="the policy of the everything-fits row")
     ap.add_argument("-n", "--n-predict", type=int, default=32)
     ap.add_argument("--runs", type=int, default=2)
@@ -292,6 +296,10 @@ def main() -> int:
     L, n_ff = shape.n_layer, shape.n_ff
     budgets = [float(x) for x in a.budgets.split(",") if x.strip()]
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
+    for p in policies:
+        name, _, opt = p.partition("/")
+        if name not in POLICIES or opt not in ("", "no-head-start"):
+            raise KairoxError(f"unknown policy {p!r}: one of {', '.join(POLICIES)}, optionally with /no-head-start")
     workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
 
     def late() -> bool:
@@ -399,7 +407,9 @@ def kairox_rows(a: argparse.Namespace, wname: str, kx_path: Path, total: int, sc
                 continue
             share = min(share, 1.0)
             for pol in policies:
-                configs.append((f"{b:.0%}", f"hybrid {pol}", replace(base, policy=pol, vram_budget_gib=vram / GIB),
+                name, _, opt = pol.partition("/")
+                configs.append((f"{b:.0%}", f"hybrid {pol}",
+                                replace(base, policy=name, head_start=opt != "no-head-start", vram_budget_gib=vram / GIB),
                                 vram / GIB, share))
         fit = (dense_b + cache_b) / GIB * 1.0001
         configs.append(("fit", f"hybrid {a.fit_policy}", replace(base, policy=a.fit_policy, vram_budget_gib=fit),

@@ -309,6 +309,19 @@ def test_head_start_plans_each_split_layer_one_layer_early(kx_model: Path, sizes
             assert st.steps == (n if split[il] else 0), (il, st)
             assert st.steps_ahead == (n if ahead else 0), (il, st)
             assert st.t_plan_us > 0 or not split[il]
+    # the ablation: every layer plans at its own step, same tokens
+    on, _ = _greedy(kx_model, n=8, vram_budget_gib=budget, policy="tam")
+    with Model(kx_model) as m, m.session(ContextParams(n_ctx=256, mode="predictor", vram_budget_gib=budget,
+                                                       policy="tam", deterministic=True, head_start=False)) as s:
+        s.decode(m.tokenize(PROMPT))
+        off = []
+        for _ in range(8):
+            off.append(int(s.logits().argmax()))
+            s.decode([off[-1]])
+        hs = s.hybrid_stats()
+        assert off == on
+        assert all(st.steps_ahead == 0 and st.loads_early == 0 for st in hs)
+        assert any(st.steps > 0 for st in hs)
 
 
 def _kv_bytes(m: Model, n_ctx: int) -> int:

@@ -183,6 +183,10 @@ def _ffn_on_host(path: str | os.PathLike[str], dense: bool, vram_budget: float) 
                    "nothing adapts; tam-lambda: the paper's adaptive decay).")
 @click.option("--lambda", "lambda_init", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
               help="Hybrid runtime: TAM's decay (0: the balancer's default, 0.9).")
+@click.option("--head-start/--no-head-start", default=True, show_default=True,
+              help="Hybrid runtime: plan each layer's cache during the layer before it (layer 0 during "
+                   "the previous token's last layer), so reloads start early; --no-head-start plans "
+                   "every layer at its own step.")
 @click.option("--deterministic", is_flag=True,
               help="Reproducible output: the sparse down projection sums in double, so results do not "
                    "depend on the thread count or (hybrid runtime) on where neurons live; the hybrid "
@@ -201,7 +205,8 @@ def _ffn_on_host(path: str | os.PathLike[str], dense: bool, vram_budget: float) 
 def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int | None,
         temp: float, top_k: int, top_p: float, chat: bool, n_ctx: int, batch_size: int,
         ignore_eos: bool, dense: bool, mode: str, threshold_scale: float, vram_budget: float,
-        vram_reserve: float, policy: str, lambda_init: float, deterministic: bool, down_dense_share: float | None,
+        vram_reserve: float, policy: str, lambda_init: float, head_start: bool, deterministic: bool,
+        down_dense_share: float | None,
         activation: str, use_mmap: bool, stats: bool, verbose: bool) -> None:
     """Generate text after PROMPT with MODEL (a GGUF file). Without MODEL: the default model,
     SmolLM2-135M-Instruct (downloaded and converted to a Kairox GGUF on first use), with its
@@ -261,7 +266,7 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
         with m.session(n_ctx=ctx_size, n_batch=batch_size, n_threads=threads, mode=mode,
                        threshold_scale=threshold_scale, stats=stats, vram_budget_gib=vram_budget,
                        vram_reserve_gib=vram_reserve,
-                       policy=policy, lambda_init=lambda_init,
+                       policy=policy, lambda_init=lambda_init, head_start=head_start,
                        deterministic=deterministic,
                        down_dense_share=-1.0 if down_dense_share is None else down_dense_share,
                        activation=activation) as session:
@@ -318,12 +323,12 @@ def _warn_ignored(console: Console, kairox_model: bool, hybrid: bool) -> None:
 
     if not kairox_model:
         ignored = given("threshold_scale", "down_dense_share", "stats", "deterministic", "policy",
-                        "lambda_init", "vram_reserve")
+                        "lambda_init", "vram_reserve", "head_start")
         if ignored:
             console.print(f"[yellow]warning:[/] not a Kairox GGUF (no sparsity data; see kairox convert): "
                           f"it runs dense, ignoring {', '.join(ignored)}")
     elif not hybrid:
-        ignored = given("policy", "lambda_init", "vram_reserve")
+        ignored = given("policy", "lambda_init", "vram_reserve", "head_start")
         if ignored:
             console.print(f"[yellow]warning:[/] {', '.join(ignored)} only apply to the hybrid runtime "
                           "(--vram-budget GIB|auto); ignored")
