@@ -20,7 +20,8 @@ Kairox's masks come from activation workloads run through the real runtime
 (`Session.set_workload`): `fixed` (the same random neurons every token), `random` (fresh
 random neurons every token: no locality), and the presets of `kairox workload` (relu-7b,
 silu-7b). Each workload places its cache from its own group frequencies, written into the model
-before it is loaded. Decode tok/s are medians over --runs rounds after one warm-up round, with
+before it is loaded. Decode tok/s are medians over --runs rounds after one warm-up round (each
+round in a rotated order), with
 the hybrid statistics of the last round (hit rate, reload volume, CPU-half time, lambda) and
 the backend splits of a decode step (each a hand-over between the CPU and the device).
 
@@ -416,7 +417,11 @@ def kairox_rows(a: argparse.Namespace, wname: str, kx_path: Path, total: int, sc
                         fit, 1.0))
         results = {c[1] + c[0]: Row(wname, c[0], "Kairox", c[1], vram_gib=c[3], cache_share=c[4]) for c in configs}
         for rnd in range(a.runs + 1):
-            for label, name, p, _, _ in configs:
+            # each round starts one configuration later: a session pays for what the one before
+            # it left behind (freed buffers, a cold allocator), so no configuration always
+            # follows the same one
+            k = rnd % len(configs)
+            for label, name, p, _, _ in configs[k:] + configs[:k]:
                 if late():
                     break
                 tps, st = kairox_run(m, p, prompt, a.n_predict, bits)
