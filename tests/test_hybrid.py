@@ -298,12 +298,25 @@ def test_head_start_plans_each_split_layer_one_layer_early(kx_model: Path, sizes
                                                        policy="tam", deterministic=True)) as s:
         s.decode(m.tokenize(PROMPT))
         s.reset_hybrid_stats()
+        s.set_op_timing(True)
+        s.reset_op_times()
         n = 5
         for _ in range(n):
             s.decode([int(s.logits().argmax())])
         hs = s.hybrid_stats()
         split = [0 < st.n_slots < st.n_groups for st in hs]
         assert sum(split) >= 2
+        # per token and split layer one plan; and one fetch (the node whose inputs go to the host
+        # before the layer's device half is issued: its FFN input, with the next layer's logits)
+        # where the layer or the next one is planned ahead; a layer planned at its own step
+        # whose next one is not has its plan node as that transfer
+        def planned_ahead(k: int) -> bool:
+            return 0 < k < len(split) and split[k] and split[k - 1]
+        fetches = sum(1 for k in range(len(split)) if split[k] and (planned_ahead(k) or planned_ahead(k + 1)))
+        count = {name: c for name, _, c, _ in s.op_times()}
+        assert count.get("kx_plan", 0) == n * sum(split)
+        assert count.get("kx_fetch", 0) == n * fetches
+        assert count.get("kx_prefetch", 0) == (n if split[0] and split[-1] else 0)
         for il, st in enumerate(hs):
             ahead = split[il] and (split[il - 1] if il > 0 else split[-1])
             assert st.steps == (n if split[il] else 0), (il, st)
@@ -488,9 +501,14 @@ def test_fully_resident_layer_runs_without_plan(tmp_path: Path) -> None:
                 toks.append(int(s.logits().argmax()))
                 s.decode([toks[-1]])
             plans = sum(c for name, _, c, _ in s.op_times() if name == "kx_plan")
+            fetches = sum(c for name, _, c, _ in s.op_times() if name == "kx_fetch")
             steps = [h.steps for h in s.hybrid_stats()] if budget else []
             # one backend (the CPU; the stand-in's cache is a CPU buffer): one split per token
             assert s.graph_splits() == 1
+            # one host fetch per token for each split layer that is, or precedes one, planned ahead
+            split = [x > 0 for x in steps]
+            ahead = [0 < k and split[k] and split[k - 1] for k in range(len(split))] + [False]
+            assert fetches == n * sum(1 for k in range(len(split)) if split[k] and (ahead[k] or ahead[k + 1]))
             return toks, plans, steps
 
     cpu, plans, _ = run(0.0)
