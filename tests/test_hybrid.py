@@ -244,6 +244,57 @@ def test_generation_stopped_mid_decode_then_freed(kx_model: Path) -> None:
     assert "32/32 aborts clean" in proc.stdout
 
 
+def _compare_table(exe: Path, model: Path, *extra: str) -> tuple[str, list[list[str]]]:
+    """test-kairox-hybrid compare: its output and its table's rows (cells)."""
+    import subprocess
+
+    proc = subprocess.run([str(exe), str(model), "compare", "8", *extra], capture_output=True, text=True,
+                          timeout=900, check=False)
+    # 0 or 1 (1: a run's top tokens agree at fewer than 90% of 8 steps, as the default mode's
+    # float sums may); anything else is a crash
+    assert proc.returncode in (0, 1), proc.stdout[-4000:] + proc.stderr[-2000:]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in proc.stdout.splitlines()
+            if line.startswith("| default") or line.startswith("| deterministic")]
+    assert len(rows) == 15, proc.stdout
+    return proc.stdout, rows
+
+
+def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(kx_model: Path) -> None:
+    """test-kairox-hybrid compare --fake-gpu: the model placed as on a GPU (every layer on the
+    device but the FFN weights), the device a lazy fake GPU that runs what a CUDA build runs
+    there, with the CPU's kernels, only when the host waits for it. So the scheduler's real
+    splits and copies between two backends run as they would with a GPU, and any read of device
+    results before a wait, or copy source overwritten too soon, would change the numbers. Every
+    run whose numbers do not depend on timing (deterministic mode; the default mode where no
+    group is reloaded, as loads that land in time move neurons between the halves' float sums)
+    gives exactly the stand-in's row (logit differences to the CPU-only path, top-1 agreement,
+    greedy tokens, loads); deterministic mode the CPU-only path's tokens; and a
+    default-mode decode step waits for the device once per split layer (the fetch of its FFN
+    input with the next layer's logits) and once for the token's logits: the predictor runs on
+    the device, the merge and the user's inputs go to the device without a wait."""
+    from conftest import find_tool
+
+    exe = find_tool("test-kairox-hybrid")
+    if exe is None:
+        pytest.skip("test-kairox-hybrid not built")
+    out, fake = _compare_table(exe, kx_model, "--fake-gpu")
+    assert out.startswith("device: lazy fake GPU"), out[:200]
+    _, stand_in = _compare_table(exe, kx_model)
+    timeless = [i for i, (f, c) in enumerate(zip(fake, stand_in))
+                if f[0] == "deterministic" or (f[7] == "0" and c[7] == "0")]
+    assert len(timeless) >= 9
+    assert [fake[i][:8] for i in timeless] == [stand_in[i][:8] for i in timeless]
+    for r in fake:
+        if r[0] == "deterministic":
+            assert r[6] == "yes", r  # greedy tokens identical to the CPU-only path
+        else:
+            n_split, waits = int(r[8]), float(r[9])
+            assert waits == n_split + 1, r
+    # a partial cache splits every layer; the whole cache none (the FFN on the device alone)
+    assert all(int(r[8]) == 30 for r in fake if r[2] in ("0.1", "0.5"))
+    assert all(int(r[8]) == 0 for r in fake if r[2] == "1.0")
+
+
 def test_loads_land_in_the_same_token_or_at_the_next_step(kx_model: Path, sizes) -> None:  # type: ignore[no-untyped-def]
     """The reload worker copies a step's loads while the token goes on computing. A load whose
     copy is done at a land check (the layer is planned during the layer before it, and checked
