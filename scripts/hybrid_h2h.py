@@ -13,8 +13,9 @@ derived from it. A VRAM budget is a share of the original's bytes. Rows, per bud
 - Kairox, its attention on the GPU and its FFN sparse: CPU-only (no cache), then the hybrid
   runtime with the cache the budget leaves after the dense part, for each balancer policy
   (static = PowerInfer's offline placement, eager, TAM with fixed lambda, TAM adaptive; each
-  with the live pipeline's head start, and TAM adaptive also without it: `tam/no-head-start`),
-  and with every group cached (everything fits).
+  with the live pipeline's head start, and TAM adaptive also without it: `tam/no-head-start`,
+  and with the scheduler's synchronous host copies: `tam/sync-copies`), and with every group
+  cached (everything fits).
 
 Kairox's masks come from activation workloads run through the real runtime
 (`Session.set_workload`): `fixed` (the same random neurons every token), `random` (fresh
@@ -34,14 +35,16 @@ run stopped by --deadline keeps what it measured).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import os
 import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -64,6 +67,10 @@ from kairox_py.workload.write import write_workload  # noqa: E402
 
 GIB = float(1 << 30)
 GROUP = 32
+# a policy's ablations (POLICY/ABLATION): none, every layer planned at its own step, the
+# scheduler's synchronous host <-> device copies (the variable is read when a context starts)
+ABLATIONS = ("", "no-head-start", "sync-copies")
+SYNC_COPIES_ENV = "GGML_SCHED_SYNC_HOST_COPIES"
 PROMPT = "The tide comes in twice a day because"
 FIELDS = ["workload", "budget", "engine", "config", "tok_s", "runs", "vram_gib", "cache_share", "hit_rate",
           "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean", "margin_mean", "splits_per_tok",
@@ -144,9 +151,28 @@ def workload_bits(name: str, n_layer: int, n_ff: int, steps: int, density: float
     return pack(m), freq
 
 
-def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits: np.ndarray) -> tuple[float, dict[str, float]]:
-    """Greedy decode tok/s after the prompt under the workload, and the hybrid statistics of the decode."""
-    with m.session(params) as s:
+@contextlib.contextmanager
+def sync_copies(on: bool) -> Iterator[None]:
+    """The scheduler's synchronous host <-> device copies for contexts started inside (on)."""
+    before = os.environ.get(SYNC_COPIES_ENV)
+    if on:
+        os.environ[SYNC_COPIES_ENV] = "1"
+    try:
+        yield
+    finally:
+        if on and before is None:
+            del os.environ[SYNC_COPIES_ENV]
+        elif on:
+            os.environ[SYNC_COPIES_ENV] = before
+
+
+def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits: np.ndarray,
+               sync: bool = False) -> tuple[float, dict[str, float]]:
+    """Greedy decode tok/s after the prompt under the workload, and the hybrid statistics of the
+    decode; sync: the context's scheduler copies between host and device synchronously."""
+    with sync_copies(sync):
+        session = m.session(params)
+    with session as s:
         s.set_workload(bits)
         s.decode(prompt)
         tok = int(s.logits().argmax())
@@ -270,9 +296,10 @@ def main() -> int:
     ap.add_argument("--workloads", default="relu-7b,silu-7b,fixed,random")
     ap.add_argument("--density", type=float, default=0.1, help="fixed and random workloads: share of neurons selected")
     ap.add_argument("--budgets", default="0.5,0.75", help="VRAM budgets as shares of the original's bytes")
-    ap.add_argument("--policies", default="static,eager,tam-t,tam,tam/no-head-start",
+    ap.add_argument("--policies", default="static,eager,tam-t,tam,tam/no-head-start,tam/sync-copies",
                     help="balancer policies; POLICY/no-head-start: that policy with every layer planned at "
-                         "its own step (the pipeline's ablation)")
+                         "its own step, POLICY/sync-copies: with the scheduler's synchronous host <-> device "
+                         "copies (the pipeline's ablations)")
     ap.add_argument("--fit-policy", default="tam", help="the policy of the everything-fits row")
     ap.add_argument("-n", "--n-predict", type=int, default=32)
     ap.add_argument("--runs", type=int, default=2)
@@ -299,8 +326,9 @@ def main() -> int:
     policies = [p.strip() for p in a.policies.split(",") if p.strip()]
     for p in policies:
         name, _, opt = p.partition("/")
-        if name not in POLICIES or opt not in ("", "no-head-start"):
-            raise KairoxError(f"unknown policy {p!r}: one of {', '.join(POLICIES)}, optionally with /no-head-start")
+        if name not in POLICIES or opt not in ABLATIONS:
+            raise KairoxError(f"unknown policy {p!r}: one of {', '.join(POLICIES)}, optionally with "
+                              f"{' or '.join('/' + x for x in ABLATIONS if x)}")
     workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
 
     def late() -> bool:
@@ -398,8 +426,9 @@ def kairox_rows(a: argparse.Namespace, wname: str, kx_path: Path, total: int, sc
             if info is None:
                 raise KairoxError("the hybrid runtime did not start on this model")
             dense_b, cache_b = float(info.dense_bytes), float(info.cache_bytes)
-        configs: list[tuple[str, str, ContextParams, float, float]] = [
-            ("-", "CPU-only sparse", base, dense_b / GIB, 0.0)]
+        # (budget label, configuration, params, VRAM GiB, cache share, synchronous host copies)
+        configs: list[tuple[str, str, ContextParams, float, float, bool]] = [
+            ("-", "CPU-only sparse", base, dense_b / GIB, 0.0, False)]
         for b in budgets:
             vram = b * total
             share = (vram - dense_b) / cache_b
@@ -411,20 +440,20 @@ def kairox_rows(a: argparse.Namespace, wname: str, kx_path: Path, total: int, sc
                 name, _, opt = pol.partition("/")
                 configs.append((f"{b:.0%}", f"hybrid {pol}",
                                 replace(base, policy=name, head_start=opt != "no-head-start", vram_budget_gib=vram / GIB),
-                                vram / GIB, share))
+                                vram / GIB, share, opt == "sync-copies"))
         fit = (dense_b + cache_b) / GIB * 1.0001
         configs.append(("fit", f"hybrid {a.fit_policy}", replace(base, policy=a.fit_policy, vram_budget_gib=fit),
-                        fit, 1.0))
+                        fit, 1.0, False))
         results = {c[1] + c[0]: Row(wname, c[0], "Kairox", c[1], vram_gib=c[3], cache_share=c[4]) for c in configs}
         for rnd in range(a.runs + 1):
             # each round starts one configuration later: a session pays for what the one before
             # it left behind (freed buffers, a cold allocator), so no configuration always
             # follows the same one
             k = rnd % len(configs)
-            for label, name, p, _, _ in configs[k:] + configs[:k]:
+            for label, name, p, _, _, sync in configs[k:] + configs[:k]:
                 if late():
                     break
-                tps, st = kairox_run(m, p, prompt, a.n_predict, bits)
+                tps, st = kairox_run(m, p, prompt, a.n_predict, bits, sync)
                 if rnd > 0:
                     results[name + label].runs.append(tps)
                     results[name + label].stats = st

@@ -108,14 +108,15 @@ def test_h2h_script_tiny(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     p = subprocess.run([sys.executable, str(root / "scripts" / "hybrid_h2h.py"), "--shape", "tiny", "--runs", "1",
                         "--workloads", "fixed,relu-7b", "--steps", "8", "-n", "4", "-t", "2", "--budgets", "0.75",
-                        "--policies", "static,tam", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                        "--policies", "static,tam,tam/sync-copies", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     rows = (tmp_path / "h2h.csv").read_text().splitlines()
     assert rows[0].startswith("workload,budget,engine,config,tok_s")
     got = {(r.split(",")[0], r.split(",")[1], r.split(",")[3]) for r in rows[1:]}
     for w in ("fixed", "relu-7b"):
         assert {(w, "-", "CPU-only sparse"), (w, "75%", "hybrid static"), (w, "75%", "hybrid tam"),
-                (w, "fit", "hybrid tam")} <= got, got
+                (w, "75%", "hybrid tam/sync-copies"), (w, "fit", "hybrid tam")} <= got, got
     for r in rows[1:]:
         assert float(r.split(",")[4]) > 0, r
     assert (tmp_path / "h2h.md").is_file() and (tmp_path / "h2h.png").is_file()
