@@ -269,9 +269,9 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(kx_mod
     group is reloaded, as loads that land in time move neurons between the halves' float sums)
     gives exactly the stand-in's row (logit differences to the CPU-only path, top-1 agreement,
     greedy tokens, loads); deterministic mode the CPU-only path's tokens; and a
-    default-mode decode step waits for the device once per split layer (the fetch of its FFN
-    input with the next layer's logits) and once for the token's logits: the predictor runs on
-    the device, the merge and the user's inputs go to the device without a wait."""
+    default-mode decode step waits for the device once per layer with a CPU half (the fetch of its
+    FFN input with the next layer's logits) and once for the token's logits: the predictor runs
+    on the device, the merge and the user's inputs go to the device without a wait."""
     from conftest import find_tool
 
     exe = find_tool("test-kairox-hybrid")
@@ -288,9 +288,9 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(kx_mod
         if r[0] == "deterministic":
             assert r[6] == "yes", r  # greedy tokens identical to the CPU-only path
         else:
-            n_split, waits = int(r[8]), float(r[9])
-            assert waits == n_split + 1, r
-    # a partial cache splits every layer; the whole cache none (the FFN on the device alone)
+            n_host, waits = int(r[8]), float(r[9])
+            assert waits == n_host + 1, r
+    # a partial cache leaves every layer a CPU half; the whole cache none (the FFN on the device)
     assert all(int(r[8]) == 30 for r in fake if r[2] in ("0.1", "0.5"))
     assert all(int(r[8]) == 0 for r in fake if r[2] == "1.0")
 
