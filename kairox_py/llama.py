@@ -844,6 +844,13 @@ class Session:
         device, a copy and a wait on the pipeline's critical path (-1 before any graph)."""
         return int(_lib.kairox_graph_splits(self.ptr))
 
+    def graph_waits(self) -> int:
+        """Synchronisations with a GPU that the scheduler made in the last graph (after a decode
+        step: one token's; calls that wait until the device is idle, also when it already is).
+        The hybrid runtime's design is one per layer with a CPU half (the fetch of its FFN
+        input); 0 without a GPU, -1 before any graph."""
+        return int(_lib.kairox_graph_waits(self.ptr))
+
     def reset(self) -> None:
         """Forget everything decoded so far (KV memory and timings)."""
         _lib.llama_memory_clear(_lib.llama_get_memory(self.ptr), True)

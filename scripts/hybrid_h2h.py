@@ -74,7 +74,8 @@ SYNC_COPIES_ENV = "GGML_SCHED_SYNC_HOST_COPIES"
 PROMPT = "The tide comes in twice a day because"
 FIELDS = ["workload", "budget", "engine", "config", "tok_s", "runs", "vram_gib", "cache_share", "hit_rate",
           "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean", "margin_mean", "splits_per_tok",
-          "ahead_share", "early_load_share", "plan_us_per_layer", "stall_us_per_layer", "vs_best_ngl", "vs_cpu_only"]
+          "waits_per_tok", "ahead_share", "early_load_share", "plan_us_per_layer", "stall_us_per_layer",
+          "vs_best_ngl", "vs_cpu_only"]
 
 
 @dataclass
@@ -183,7 +184,8 @@ def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits:
             s.decode([tok])
             tok = int(s.logits().argmax())
         dt = time.perf_counter() - t0
-        st: dict[str, float] = {"splits_per_tok": float(s.graph_splits())}
+        # the last token's graph: its backend splits, and the scheduler's waits for the GPU in it
+        st: dict[str, float] = {"splits_per_tok": float(s.graph_splits()), "waits_per_tok": float(s.graph_waits())}
         hs = s.hybrid_stats() if s.hybrid_info() is not None else []
         if hs:
             # a layer whose every group is resident runs on the device with no plan step (no counts):
@@ -230,11 +232,13 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                         f"{r.vram_gib:.3f}", f"{r.cache_share:.3f}",
                         *(f"{st[k]:.4f}" if k in st else "" for k in
                           ("hit_rate", "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean",
-                           "margin_mean", "splits_per_tok", "ahead_share", "early_load_share", "plan_us_per_layer",
+                           "margin_mean", "splits_per_tok", "waits_per_tok", "ahead_share", "early_load_share",
+                           "plan_us_per_layer",
                            "stall_us_per_layer")),
                         ratio(r.tok_s, best.get(r.budget)), ratio(r.tok_s, cpu.get(r.workload))])
     head = ["workload", "budget", "engine", "configuration", "tok/s", "VRAM GiB", "cache share", "hit rate",
             "reload MB/tok", "CPU half us/layer", "planned ahead", "loads landed early", "splits/token",
+            "GPU waits/token",
             "x best -ngl", "x CPU-only"]
     with open(out / "h2h.md", "w") as f:
         f.write(f"{title}\n\n| " + " | ".join(head) + " |\n" + "|---" * len(head) + "|\n")
@@ -249,6 +253,7 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                 f"{st['ahead_share']:.2f}" if "ahead_share" in st else "",
                 f"{st['early_load_share']:.2f}" if "early_load_share" in st else "",
                 f"{st['splits_per_tok']:.0f}" if "splits_per_tok" in st else "",
+                f"{st['waits_per_tok']:.0f}" if "waits_per_tok" in st else "",
                 ratio(r.tok_s, best.get(r.budget)) + ("x" if best.get(r.budget) else ""),
                 ratio(r.tok_s, cpu.get(r.workload)) + ("x" if cpu.get(r.workload) else ""),
             ]) + " |\n")

@@ -293,8 +293,9 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(kx_mod
         if r[0] == "deterministic":
             assert r[6] == "yes", r  # greedy tokens identical to the CPU-only path
         else:
-            n_host, waits = int(r[8]), float(r[9])
+            n_host, waits, sched = int(r[8]), float(r[9]), float(r[10])
             assert waits == n_host + 1, r
+            assert sched == waits - 1, r  # kairox_graph_waits: all but the token's logits
     # a partial cache leaves every layer a CPU half; the whole cache none (the FFN on the device)
     assert all(int(r[8]) == 30 for r in fake if r[2] in ("0.1", "0.5"))
     assert all(int(r[8]) == 0 for r in fake if r[2] == "1.0")
@@ -559,8 +560,9 @@ def test_fully_resident_layer_runs_without_plan(tmp_path: Path) -> None:
             plans = sum(c for name, _, c, _ in s.op_times() if name == "kx_plan")
             fetches = sum(c for name, _, c, _ in s.op_times() if name == "kx_fetch")
             steps = [h.steps for h in s.hybrid_stats()] if budget else []
-            # one backend (the CPU; the stand-in's cache is a CPU buffer): one split per token
-            assert s.graph_splits() == 1
+            # one backend (the CPU; the stand-in's cache is a CPU buffer): one split per token,
+            # and no GPU to wait for
+            assert s.graph_splits() == 1 and s.graph_waits() == 0
             # one host fetch per token for each split layer that is, or precedes one, planned ahead
             split = [x > 0 for x in steps]
             ahead = [0 < k and split[k] and split[k - 1] for k in range(len(split))] + [False]

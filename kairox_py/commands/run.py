@@ -375,7 +375,10 @@ def _hybrid_tables(session: Session) -> tuple[Table, Table]:
                         f"groups of {info.group_size}", title_justify="left")
     for col in ("layer", "slots", "hit rate", "loads", "landed early", "MiB reloaded", "lambda", "margin"):
         cache.add_column(col, justify="right")
-    pipe = Table(title="hybrid pipeline per layer (ms in all)", title_justify="left")
+    # the last graph (one token's): hand-overs between the CPU and the device, and the waits for
+    # a GPU they cost (the design: one per layer with a CPU half)
+    pipe = Table(title=f"hybrid pipeline per layer (ms in all); last token: {session.graph_splits()} backend "
+                       f"splits, {session.graph_waits()} waits for the GPU", title_justify="left")
     for col in ("layer", "planned ahead", "plan", "reloads", "stall", "CPU half", "io-bound"):
         pipe.add_column(col, justify="right")
     for i, st in enumerate(session.hybrid_stats()):
