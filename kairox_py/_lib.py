@@ -307,6 +307,10 @@ class kairox_hybrid_layer_stats(Structure):
         ("n_loads_early", c_int64),  # loads that landed in the token whose step queued them
         ("t_plan_us", c_double),
         ("t_stall_us", c_double),  # time the plan waited for the reload worker
+        ("n_timed", c_int64),  # steps with both halves timed (kairox_hybrid_set_timing)
+        ("t_dev_us", c_double),  # the device half (a GPU's events; the stand-in's host time)
+        ("t_overlap_us", c_double),  # time both halves computed at once
+        ("t_shorter_us", c_double),  # the shorter half's time, summed per timed step
     ]
 
 
@@ -759,6 +763,11 @@ def kairox_hybrid_get_resident(ctx: Handle, layer: int, mask: CPtr[c_uint8], n_m
 # void kairox_hybrid_reset_stats(struct llama_context * ctx);
 @ctypes_function("kairox_hybrid_reset_stats", [llama_context_p], None)
 def kairox_hybrid_reset_stats(ctx: Handle, /) -> None: ...
+
+
+# bool kairox_hybrid_set_timing(struct llama_context * ctx, bool enable);
+@ctypes_function("kairox_hybrid_set_timing", [llama_context_p, c_bool], c_bool)
+def kairox_hybrid_set_timing(ctx: Handle, enable: bool, /) -> bool: ...
 
 
 # bool kairox_set_op_timing(struct llama_context * ctx, bool enable);

@@ -92,6 +92,10 @@ class HybridLayerStats:
     loads_early: int  # loads that landed in the token whose step queued them
     t_plan_us: float
     t_stall_us: float  # time the plan waited for reloads still copying
+    timed_steps: int = 0  # steps whose halves were timed (Session.set_hybrid_timing)
+    t_dev_us: float = 0.0  # the device half over those steps
+    t_overlap_us: float = 0.0  # time both halves computed at once over those steps
+    t_shorter_us: float = 0.0  # the shorter half's time, summed per timed step
 
     @property
     def hit_rate(self) -> float:
@@ -102,9 +106,15 @@ class HybridLayerStats:
     def bytes_per_step(self) -> float:
         return self.bytes_reloaded / self.steps if self.steps else 0.0
 
+    @property
+    def overlap_share(self) -> float:
+        """Share of the shorter half's time that the other half computed alongside (the live
+        pipeline's overlap), over the timed steps; the CPU half is the host time of those steps."""
+        return self.t_overlap_us / self.t_shorter_us if self.t_shorter_us > 0 else float("nan")
+
     @classmethod
     def from_c(cls, s: _lib.kairox_hybrid_layer_stats) -> HybridLayerStats:
         return cls(s.n_groups, s.n_slots, s.n_resident, s.n_steps, s.n_loads, s.n_evicts,
                    s.bytes_reloaded, s.n_active, s.n_active_dev, s.n_dev_computed, s.n_io_bound,
                    s.t_io_us, s.t_cpu_us, s.lambda_now, s.margin_now, s.n_ahead, s.n_loads_early,
-                   s.t_plan_us, s.t_stall_us)
+                   s.t_plan_us, s.t_stall_us, s.n_timed, s.t_dev_us, s.t_overlap_us, s.t_shorter_us)

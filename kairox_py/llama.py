@@ -790,6 +790,14 @@ class Session:
     def reset_hybrid_stats(self) -> None:
         _lib.kairox_hybrid_reset_stats(self.ptr)
 
+    def set_hybrid_timing(self, enable: bool = True) -> None:
+        """Time each step's device and CPU halves (HybridLayerStats t_dev_us, t_overlap_us).
+
+        Off by default: timing records two device events per device split and waits for the
+        device at the end of each token, which costs a little speed."""
+        if not _lib.kairox_hybrid_set_timing(self.ptr, enable):
+            raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib != 0))")
+
     # -- workloads -----------------------------------------------------------------------
     def set_workload(self, bits: np.ndarray | None) -> None:
         """Run a workload's selections instead of the predictor (synthetic models only).

@@ -75,7 +75,10 @@ PROMPT = "The tide comes in twice a day because"
 FIELDS = ["workload", "budget", "engine", "config", "tok_s", "runs", "vram_gib", "cache_share", "hit_rate",
           "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean", "margin_mean", "splits_per_tok",
           "waits_per_tok", "ahead_share", "early_load_share", "plan_us_per_layer", "stall_us_per_layer",
-          "vs_best_ngl", "vs_cpu_only"]
+          "dev_us_per_layer", "overlap_share", "vs_best_ngl", "vs_cpu_only"]
+# tokens decoded after the measured ones with the halves timed (timing costs a little speed, so
+# it stays out of tok/s)
+TIMED_TOKENS = 8
 
 
 @dataclass
@@ -170,7 +173,8 @@ def sync_copies(on: bool) -> Iterator[None]:
 def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits: np.ndarray,
                sync: bool = False) -> tuple[float, dict[str, float]]:
     """Greedy decode tok/s after the prompt under the workload, and the hybrid statistics of the
-    decode; sync: the context's scheduler copies between host and device synchronously."""
+    decode, then the halves' times over TIMED_TOKENS more tokens; sync: the context's scheduler
+    copies between host and device synchronously."""
     with sync_copies(sync):
         session = m.session(params)
     with session as s:
@@ -194,7 +198,7 @@ def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits:
             active = sum(x.active for x in planned)
             full = all(x.n_slots == x.n_groups for x in hs if x.steps == 0)
             steps = max(1, max(x.steps for x in hs))
-            st = {
+            st |= {
                 "hit_rate": sum(x.active_dev for x in planned) / active if active else 1.0 if full else float("nan"),
                 "reload_mb_per_tok": sum(x.bytes_reloaded for x in hs) / 1e6 / steps,
                 "cpu_us_per_layer": sum(x.t_cpu_us for x in hs) / max(1, sum(x.steps for x in hs)),
@@ -208,6 +212,19 @@ def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits:
                 "plan_us_per_layer": sum(x.t_plan_us for x in hs) / max(1, sum(x.steps for x in hs)),
                 "stall_us_per_layer": sum(x.t_stall_us for x in hs) / max(1, sum(x.steps for x in hs)),
             }
+            # the halves, timed apart from the measured tokens: the device half's time per timed
+            # layer step, and the share of the shorter half's time the other computed alongside
+            s.set_hybrid_timing(True)
+            s.reset_hybrid_stats()
+            for _ in range(TIMED_TOKENS):
+                s.decode([tok])
+                tok = int(s.logits().argmax())
+            ts = s.hybrid_stats()
+            timed = sum(x.timed_steps for x in ts)
+            if timed:
+                st["dev_us_per_layer"] = sum(x.t_dev_us for x in ts) / timed
+                shorter = sum(x.t_shorter_us for x in ts)
+                st["overlap_share"] = sum(x.t_overlap_us for x in ts) / shorter if shorter > 0 else float("nan")
         return n / dt, st
 
 
@@ -233,12 +250,11 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                         *(f"{st[k]:.4f}" if k in st else "" for k in
                           ("hit_rate", "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean",
                            "margin_mean", "splits_per_tok", "waits_per_tok", "ahead_share", "early_load_share",
-                           "plan_us_per_layer",
-                           "stall_us_per_layer")),
+                           "plan_us_per_layer", "stall_us_per_layer", "dev_us_per_layer", "overlap_share")),
                         ratio(r.tok_s, best.get(r.budget)), ratio(r.tok_s, cpu.get(r.workload))])
     head = ["workload", "budget", "engine", "configuration", "tok/s", "VRAM GiB", "cache share", "hit rate",
-            "reload MB/tok", "CPU half us/layer", "planned ahead", "loads landed early", "splits/token",
-            "GPU waits/token",
+            "reload MB/tok", "CPU half us/layer", "device half us/layer", "halves overlap", "planned ahead",
+            "loads landed early", "splits/token", "GPU waits/token",
             "x best -ngl", "x CPU-only"]
     with open(out / "h2h.md", "w") as f:
         f.write(f"{title}\n\n| " + " | ".join(head) + " |\n" + "|---" * len(head) + "|\n")
@@ -250,6 +266,8 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                 f"{st['hit_rate']:.2f}" if "hit_rate" in st else "",
                 f"{st['reload_mb_per_tok']:.1f}" if "reload_mb_per_tok" in st else "",
                 f"{st['cpu_us_per_layer']:.0f}" if "cpu_us_per_layer" in st else "",
+                f"{st['dev_us_per_layer']:.0f}" if "dev_us_per_layer" in st else "",
+                f"{st['overlap_share']:.2f}" if "overlap_share" in st else "",
                 f"{st['ahead_share']:.2f}" if "ahead_share" in st else "",
                 f"{st['early_load_share']:.2f}" if "early_load_share" in st else "",
                 f"{st['splits_per_tok']:.0f}" if "splits_per_tok" in st else "",

@@ -276,7 +276,10 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(kx_mod
     greedy tokens, loads); deterministic mode the CPU-only path's tokens; and a
     default-mode decode step waits for the device once per layer with a CPU half (the fetch of its
     FFN input with the next layer's logits) and once for the token's logits: the predictor runs
-    on the device, the merge and the user's inputs go to the device without a wait."""
+    on the device, the merge and the user's inputs go to the device without a wait. The forced
+    runs are timed (kairox_hybrid_set_timing): every step of a layer with both halves times its
+    device half by the fake GPU's events, which run when the host waits for them, after the CPU
+    half: device time but no overlap."""
     from conftest import find_tool
 
     exe = find_tool("test-kairox-hybrid")
@@ -296,6 +299,9 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(kx_mod
             n_host, waits, sched = int(r[8]), float(r[9]), float(r[10])
             assert waits == n_host + 1, r
             assert sched == waits - 1, r  # kairox_graph_waits: all but the token's logits
+        assert "wrong" not in r[11], r
+        dev_ms, overlap_ms = (float(x) for x in r[11].split("/"))
+        assert (dev_ms > 0) == (int(r[8]) > 0) and overlap_ms == 0, r
     # a partial cache leaves every layer a CPU half; the whole cache none (the FFN on the device)
     assert all(int(r[8]) == 30 for r in fake if r[2] in ("0.1", "0.5"))
     assert all(int(r[8]) == 0 for r in fake if r[2] == "1.0")
@@ -392,6 +398,43 @@ def test_head_start_plans_each_split_layer_one_layer_early(kx_model: Path, sizes
         assert off == on
         assert all(st.steps_ahead == 0 and st.loads_early == 0 for st in hs)
         assert any(st.steps > 0 for st in hs)
+
+
+@pytest.mark.parametrize("head_start", [True, False])
+def test_halves_are_timed_per_step(kx_model: Path, sizes, head_start: bool) -> None:  # type: ignore[no-untyped-def]
+    """Session.set_hybrid_timing times each step's halves of every layer that has both. The
+    stand-in computes its device half on the host between the layer's plan (or fetch) and its CPU
+    half, so every such step is timed, the device half takes time, and the halves never overlap:
+    the stand-in computes them in turn. Timing changes no result, and without it nothing is
+    timed."""
+    budget = _budget(sizes, 0.3)
+    params = dict(n_ctx=256, mode="predictor", vram_budget_gib=budget, policy="tam", deterministic=True,
+                  head_start=head_start)
+    runs = []
+    for timing in (False, True):
+        with Model(kx_model) as m, m.session(ContextParams(**params)) as s:  # type: ignore[arg-type]
+            if timing:
+                s.set_hybrid_timing(True)
+            s.decode(m.tokenize(PROMPT))
+            s.reset_hybrid_stats()
+            toks = []
+            for _ in range(6):
+                toks.append(int(s.logits().argmax()))
+                s.decode([toks[-1]])
+            runs.append((toks, s.hybrid_stats()))
+    (toks_off, off), (toks_on, on) = runs
+    assert toks_on == toks_off
+    assert all(st.timed_steps == 0 and st.t_dev_us == 0 and st.t_shorter_us == 0 for st in off)
+    split = [st for st in on if 0 < st.n_slots < st.n_groups]
+    assert len(split) >= 2
+    for st in on:
+        if 0 < st.n_slots < st.n_groups:
+            assert st.timed_steps == st.steps == 6, st
+            assert st.t_dev_us > 0 and st.t_shorter_us > 0, st
+            assert st.t_overlap_us == 0 and st.overlap_share == 0, st
+            assert st.t_shorter_us <= min(st.t_dev_us, st.t_cpu_us), st
+        else:
+            assert st.timed_steps == 0, st
 
 
 def _kv_bytes(m: Model, n_ctx: int) -> int:

@@ -3,10 +3,10 @@ sparse path computes must be the density asked for, or the speed figures measure
 else (a predictor whose logits were biased once selected almost nothing)."""
 from __future__ import annotations
 
-from pathlib import Path
-
+import csv
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,4 +119,10 @@ def test_h2h_script_tiny(tmp_path: Path) -> None:
                 (w, "75%", "hybrid tam/sync-copies"), (w, "fit", "hybrid tam")} <= got, got
     for r in rows[1:]:
         assert float(r.split(",")[4]) > 0, r
+    # a hybrid row at a partial budget keeps the pipeline's columns: the last token's splits and
+    # waits (none without a GPU), and the halves' timing, in turn on the stand-in (no overlap)
+    for r in csv.DictReader(rows):
+        if r["engine"] == "Kairox" and r["budget"] == "75%":
+            assert float(r["splits_per_tok"]) >= 1 and float(r["waits_per_tok"]) == 0, r
+            assert float(r["dev_us_per_layer"]) > 0 and float(r["overlap_share"]) == 0, r
     assert (tmp_path / "h2h.md").is_file() and (tmp_path / "h2h.png").is_file()

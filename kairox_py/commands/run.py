@@ -270,6 +270,8 @@ def run(model: str | None, prompt: str, n_predict: int, threads: int, seed: int 
                        deterministic=deterministic,
                        down_dense_share=-1.0 if down_dense_share is None else down_dense_share,
                        activation=activation) as session:
+            if stats and session.hybrid_info() is not None:
+                session.set_hybrid_timing(True)  # the halves' times and overlap in the pipeline table
             _stream(session, tokens, n_predict, sampling)
             console.print(_speed_table(session, len(tokens)))
             if stats:
@@ -361,7 +363,7 @@ def _stats_table(session: Session) -> Table:
 def _hybrid_tables(session: Session) -> tuple[Table, Table]:
     """What the device cache did per layer (hits, reloads, lambda), and where the pipeline's
     time went (steps planned before the layer's own input existed, plan, reload copies, waits
-    for them, the CPU half)."""
+    for them, the CPU and device halves, and how long they computed at once)."""
     info, budget = session.hybrid_info(), session.hybrid_budget()
     assert info is not None and budget is not None
     gib = 1 << 30
@@ -379,12 +381,13 @@ def _hybrid_tables(session: Session) -> tuple[Table, Table]:
     # a GPU they cost (the design: one per layer with a CPU half)
     pipe = Table(title=f"hybrid pipeline per layer (ms in all); last token: {session.graph_splits()} backend "
                        f"splits, {session.graph_waits()} waits for the GPU", title_justify="left")
-    for col in ("layer", "planned ahead", "plan", "reloads", "stall", "CPU half", "io-bound"):
+    for col in ("layer", "planned ahead", "plan", "reloads", "stall", "CPU half", "device half", "overlap",
+                "io-bound"):
         pipe.add_column(col, justify="right")
     for i, st in enumerate(session.hybrid_stats()):
         if st.n_slots == 0:  # no cache in this layer: it runs on the CPU alone, the runtime skips it
             cache.add_row(str(i), f"0/{st.n_groups}", *["-"] * 6)
-            pipe.add_row(str(i), *["-"] * 6)
+            pipe.add_row(str(i), *["-"] * 8)
             continue
         cache.add_row(str(i), f"{st.n_slots}/{st.n_groups}",
                       "-" if not st.active else f"{100 * st.hit_rate:.1f}%", str(st.loads),
@@ -392,6 +395,9 @@ def _hybrid_tables(session: Session) -> tuple[Table, Table]:
                       f"{st.lambda_now:.3f}", f"{st.margin_now:.3f}")
         pipe.add_row(str(i), f"{st.steps_ahead}/{st.steps}", f"{st.t_plan_us / 1000:.1f}",
                      f"{st.t_io_us / 1000:.1f}", f"{st.t_stall_us / 1000:.1f}", f"{st.t_cpu_us / 1000:.1f}",
+                     f"{st.t_dev_us / 1000:.1f}" if st.timed_steps else "-",
+                     # the share of the shorter half's time that the other half computed alongside
+                     f"{100 * st.overlap_share:.0f}%" if st.t_shorter_us > 0 else "-",
                      f"{st.io_bound_steps}/{st.steps}")
     return cache, pipe
 
