@@ -798,6 +798,16 @@ class Session:
         if not _lib.kairox_hybrid_set_timing(self.ptr, enable):
             raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib != 0))")
 
+    def device_busy(self) -> tuple[int, float, float]:
+        """(graphs timed, their wall time, the device's busy time in them), microseconds, since
+        the last reset_hybrid_stats with timing on: busy / wall is the device's busy share (a
+        GPU: all its work; the stand-in: its device halves)."""
+        wall, busy = ctypes.c_double(), ctypes.c_double()
+        n = int(_lib.kairox_hybrid_get_device_busy(self.ptr, ctypes.byref(wall), ctypes.byref(busy)))
+        if n < 0:
+            raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib != 0))")
+        return n, wall.value, busy.value
+
     # -- workloads -----------------------------------------------------------------------
     def set_workload(self, bits: np.ndarray | None) -> None:
         """Run a workload's selections instead of the predictor (synthetic models only).

@@ -13,7 +13,7 @@
 #       on the GPU machine, from the repository root: the hybrid runtime against the CPU-only
 #       path on the GPU (test-kairox-hybrid compare, a small synthetic model with a predictor),
 #       then scripts/hybrid_h2h.py (7B shapes, 8 threads) into OUT: env.txt, compare.log,
-#       h2h.csv, h2h.md, h2h.png, h2h.log
+#       h2h.csv, h2h.md, h2h.png, h2h_latency.csv, h2h_latency.png, h2h.log
 set -euo pipefail
 
 case "${1:-}" in

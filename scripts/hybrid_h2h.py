@@ -30,7 +30,9 @@ the backend splits of a decode step (each a hand-over between the CPU and the de
     python3 scripts/hybrid_h2h.py --layers 2 --runs 1 --out /tmp/h2h   # a quick check anywhere
 
 Writes h2h.csv, h2h.md and h2h.png into --out (rows are added to the CSV as they finish, so a
-run stopped by --deadline keeps what it measured).
+run stopped by --deadline keeps what it measured), and each Kairox row's per-token decode latency
+over the sequence (the paper's Figure 14; its last round) into h2h_latency.csv and
+h2h_latency.png.
 """
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ PROMPT = "The tide comes in twice a day because"
 FIELDS = ["workload", "budget", "engine", "config", "tok_s", "runs", "vram_gib", "cache_share", "hit_rate",
           "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean", "margin_mean", "splits_per_tok",
           "waits_per_tok", "ahead_share", "early_load_share", "plan_us_per_layer", "stall_us_per_layer",
-          "dev_us_per_layer", "overlap_share", "vs_best_ngl", "vs_cpu_only"]
+          "dev_us_per_layer", "overlap_share", "gpu_busy_share", "vs_best_ngl", "vs_cpu_only"]
 # tokens decoded after the measured ones with the halves timed (timing costs a little speed, so
 # it stays out of tok/s)
 TIMED_TOKENS = 8
@@ -91,6 +93,7 @@ class Row:
     vram_gib: float = float("nan")
     cache_share: float = float("nan")
     stats: dict[str, float] = field(default_factory=dict)
+    latency_ms: list[float] = field(default_factory=list)  # per decoded token, the last round's
 
     @property
     def tok_s(self) -> float:
@@ -171,10 +174,11 @@ def sync_copies(on: bool) -> Iterator[None]:
 
 
 def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits: np.ndarray,
-               sync: bool = False) -> tuple[float, dict[str, float]]:
+               sync: bool = False) -> tuple[float, dict[str, float], list[float]]:
     """Greedy decode tok/s after the prompt under the workload, and the hybrid statistics of the
-    decode, then the halves' times over TIMED_TOKENS more tokens; sync: the context's scheduler
-    copies between host and device synchronously."""
+    decode, then the halves' times and the device's busy share over TIMED_TOKENS more tokens, and
+    each measured token's latency (ms); sync: the context's scheduler copies between host and
+    device synchronously."""
     with sync_copies(sync):
         session = m.session(params)
     with session as s:
@@ -184,10 +188,13 @@ def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits:
         if s.hybrid_info() is not None:
             s.reset_hybrid_stats()
         t0 = time.perf_counter()
+        stamps = [t0]
         for _ in range(n):
             s.decode([tok])
             tok = int(s.logits().argmax())
-        dt = time.perf_counter() - t0
+            stamps.append(time.perf_counter())
+        dt = stamps[-1] - t0
+        latency = [1000.0 * (b - a) for a, b in zip(stamps, stamps[1:])]
         # the last token's graph: its backend splits, and the scheduler's waits for the GPU in it
         st: dict[str, float] = {"splits_per_tok": float(s.graph_splits()), "waits_per_tok": float(s.graph_waits())}
         hs = s.hybrid_stats() if s.hybrid_info() is not None else []
@@ -225,7 +232,11 @@ def kairox_run(m: Model, params: ContextParams, prompt: list[int], n: int, bits:
                 st["dev_us_per_layer"] = sum(x.t_dev_us for x in ts) / timed
                 shorter = sum(x.t_shorter_us for x in ts)
                 st["overlap_share"] = sum(x.t_overlap_us for x in ts) / shorter if shorter > 0 else float("nan")
-        return n / dt, st
+            # the device's busy share of the timed tokens' graphs (the paper's Figure 12)
+            graphs, wall, busy = s.device_busy()
+            if graphs and wall > 0:
+                st["gpu_busy_share"] = busy / wall
+        return n / dt, st, latency
 
 
 def write_tables(rows: list[Row], out: Path, title: str) -> None:
@@ -250,10 +261,11 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                         *(f"{st[k]:.4f}" if k in st else "" for k in
                           ("hit_rate", "reload_mb_per_tok", "cpu_us_per_layer", "io_bound_share", "lambda_mean",
                            "margin_mean", "splits_per_tok", "waits_per_tok", "ahead_share", "early_load_share",
-                           "plan_us_per_layer", "stall_us_per_layer", "dev_us_per_layer", "overlap_share")),
+                           "plan_us_per_layer", "stall_us_per_layer", "dev_us_per_layer", "overlap_share",
+                           "gpu_busy_share")),
                         ratio(r.tok_s, best.get(r.budget)), ratio(r.tok_s, cpu.get(r.workload))])
     head = ["workload", "budget", "engine", "configuration", "tok/s", "VRAM GiB", "cache share", "hit rate",
-            "reload MB/tok", "CPU half us/layer", "device half us/layer", "halves overlap", "planned ahead",
+            "reload MB/tok", "CPU half us/layer", "device half us/layer", "halves overlap", "GPU busy", "planned ahead",
             "loads landed early", "splits/token", "GPU waits/token",
             "x best -ngl", "x CPU-only"]
     with open(out / "h2h.md", "w") as f:
@@ -268,6 +280,7 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                 f"{st['cpu_us_per_layer']:.0f}" if "cpu_us_per_layer" in st else "",
                 f"{st['dev_us_per_layer']:.0f}" if "dev_us_per_layer" in st else "",
                 f"{st['overlap_share']:.2f}" if "overlap_share" in st else "",
+                f"{st['gpu_busy_share']:.2f}" if "gpu_busy_share" in st else "",
                 f"{st['ahead_share']:.2f}" if "ahead_share" in st else "",
                 f"{st['early_load_share']:.2f}" if "early_load_share" in st else "",
                 f"{st['splits_per_tok']:.0f}" if "splits_per_tok" in st else "",
@@ -275,6 +288,40 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
                 ratio(r.tok_s, best.get(r.budget)) + ("x" if best.get(r.budget) else ""),
                 ratio(r.tok_s, cpu.get(r.workload)) + ("x" if cpu.get(r.workload) else ""),
             ]) + " |\n")
+
+
+def write_latency(rows: list[Row], out: Path, title: str, png: bool = True) -> None:
+    """Per-token decode latency over the sequence of each Kairox row (llama-bench reports only
+    averages): h2h_latency.csv, and (png) h2h_latency.png with one panel per workload."""
+    lat = [r for r in rows if r.latency_ms]
+    with open(out / "h2h_latency.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["workload", "budget", "config", "token", "latency_ms"])
+        for r in lat:
+            w.writerows([r.workload, r.budget, r.config, i, f"{ms:.3f}"] for i, ms in enumerate(r.latency_ms))
+    if not png:
+        return
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    workloads = list(dict.fromkeys(r.workload for r in lat))
+    if not workloads:
+        return
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 4), squeeze=False)
+    for ax, wname in zip(axes[0], workloads):
+        for r in (r for r in lat if r.workload == wname):
+            ax.plot(r.latency_ms, label=f"{r.config} ({r.budget})", linewidth=1)
+        ax.set_xlabel("decoded token")
+        ax.set_ylabel("latency (ms)")
+        ax.set_title(wname)
+        ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "h2h_latency.png", dpi=120)
+    plt.close(fig)
 
 
 def plot(rows: list[Row], out: Path, title: str) -> None:
@@ -382,6 +429,7 @@ def main() -> int:
     def add(r: Row) -> None:
         rows.append(r)
         write_tables(rows, out, title)
+        write_latency(rows, out, title, png=False)
         console.print(f"  {r.workload:8s} {r.budget:6s} {r.engine:9s} {r.config:34s} {r.tok_s:8.2f} tok/s "
                       + " ".join(f"{k}={v:.3g}" for k, v in r.stats.items()))
 
@@ -429,6 +477,7 @@ def main() -> int:
             console.print(f"[red]workload {wname}: {e}[/]")
     write_tables(rows, out, title)
     plot(rows, out, title)
+    write_latency(rows, out, title)
     console.print(f"wrote {out / 'h2h.csv'}, {out / 'h2h.md'}, {out / 'h2h.png'} in {time.monotonic() - t_start:.0f} s")
     return 0
 
@@ -476,10 +525,11 @@ def kairox_rows(a: argparse.Namespace, wname: str, kx_path: Path, total: int, sc
             for label, name, p, _, _, sync in configs[k:] + configs[:k]:
                 if late():
                     break
-                tps, st = kairox_run(m, p, prompt, a.n_predict, bits, sync)
+                tps, st, latency = kairox_run(m, p, prompt, a.n_predict, bits, sync)
                 if rnd > 0:
                     results[name + label].runs.append(tps)
                     results[name + label].stats = st
+                    results[name + label].latency_ms = latency
         for r in results.values():
             if r.runs:
                 add(r)

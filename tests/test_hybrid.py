@@ -222,17 +222,19 @@ def test_cli_run_hybrid_stats(run_cli, kx_model: Path, sizes) -> None:  # type: 
     assert "hybrid runtime (CPU stand-in, policy tam)" in r.stderr
     assert "hit rate" in r.stderr
     assert "hybrid pipeline per layer" in r.stderr and "planned ahead" in r.stderr
+    assert "device half" in r.stderr and "overlap" in r.stderr  # --stats times the halves
     r = run_cli("run", str(kx_model), "-p", "Tides are", "-n", "4", "--vram-budget", "0.0001")
     assert r.returncode != 0 and "below what the dense parts need" in r.stderr
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("device", ["stand-in", "fake-gpu"])
+@pytest.mark.parametrize("device", ["stand-in", "fake-gpu", "fake-gpu=eager"])
 def test_generation_stopped_mid_decode_then_freed(kx_model: Path, device: str) -> None:
     """test-kairox-hybrid (C++): for 4 policies x 2 budgets, a decode stopped by the abort
     callback after N graph nodes (some stops land right after a layer's reloads), then the
-    context freed mid-generation; on the CPU stand-in, and on the lazy fake GPU, where the stop
-    leaves device work and copies from the scheduler's staging queued. Under an ASan/LSan build
+    context freed mid-generation; on the CPU stand-in, and on the fake GPU, where the stop
+    leaves device work and copies from the scheduler's staging queued (the eager one: still
+    running on its worker threads). Under an ASan/LSan build
     the same program proves no leak (BENCHMARKS.md records that run); here it checks the
     sequence itself."""
     import subprocess
@@ -242,7 +244,7 @@ def test_generation_stopped_mid_decode_then_freed(kx_model: Path, device: str) -
     exe = find_tool("test-kairox-hybrid")
     if exe is None:
         pytest.skip("test-kairox-hybrid not built")
-    args = [str(exe), str(kx_model)] + (["--fake-gpu"] if device == "fake-gpu" else [])
+    args = [str(exe), str(kx_model)] + ([f"--{device}"] if device.startswith("fake-gpu") else [])
     proc = subprocess.run(args, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "32/32 aborts clean" in proc.stdout
@@ -264,7 +266,20 @@ def _compare_table(exe: Path, model: Path, *extra: str) -> tuple[str, list[list[
     return proc.stdout, rows
 
 
-def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(kx_model: Path) -> None:
+@pytest.fixture(scope="module")
+def stand_in_table(kx_model: Path) -> list[list[str]]:
+    """test-kairox-hybrid compare's rows on the CPU stand-in."""
+    from conftest import find_tool
+
+    exe = find_tool("test-kairox-hybrid")
+    if exe is None:
+        pytest.skip("test-kairox-hybrid not built")
+    return _compare_table(exe, kx_model)[1]
+
+
+@pytest.mark.parametrize("gpu", ["lazy", "eager"])
+def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(  # type: ignore[no-untyped-def]
+        kx_model: Path, stand_in_table, gpu: str) -> None:
     """test-kairox-hybrid compare --fake-gpu: the model placed as on a GPU (every layer on the
     device but the FFN weights), the device a lazy fake GPU that runs what a CUDA build runs
     there, with the CPU's kernels, only when the host waits for it. So the scheduler's real
@@ -278,20 +293,23 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(kx_mod
     FFN input with the next layer's logits) and once for the token's logits: the predictor runs
     on the device, the merge and the user's inputs go to the device without a wait. The forced
     runs are timed (kairox_hybrid_set_timing): every step of a layer with both halves times its
-    device half by the fake GPU's events, which run when the host waits for them, after the CPU
-    half: device time but no overlap."""
+    device half by the fake GPU's events. The lazy fake GPU runs them when the host waits for
+    them, after the CPU half: device time but no overlap. The eager one (--fake-gpu=eager) runs
+    its queues on worker threads as work arrives, concurrently with the host, as a GPU does:
+    everything above holds, and the device half computes while the CPU half does."""
     from conftest import find_tool
 
     exe = find_tool("test-kairox-hybrid")
     if exe is None:
         pytest.skip("test-kairox-hybrid not built")
-    out, fake = _compare_table(exe, kx_model, "--fake-gpu")
-    assert out.startswith("device: lazy fake GPU"), out[:200]
-    _, stand_in = _compare_table(exe, kx_model)
+    out, fake = _compare_table(exe, kx_model, "--fake-gpu" if gpu == "lazy" else "--fake-gpu=eager")
+    assert out.startswith(f"device: {gpu} fake GPU"), out[:200]
+    stand_in = stand_in_table
     timeless = [i for i, (f, c) in enumerate(zip(fake, stand_in))
                 if f[0] == "deterministic" or (f[7] == "0" and c[7] == "0")]
     assert len(timeless) >= 9
     assert [fake[i][:8] for i in timeless] == [stand_in[i][:8] for i in timeless]
+    overlap = 0.0
     for r in fake:
         if r[0] == "deterministic":
             assert r[6] == "yes", r  # greedy tokens identical to the CPU-only path
@@ -301,7 +319,10 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(kx_mod
             assert sched == waits - 1, r  # kairox_graph_waits: all but the token's logits
         assert "wrong" not in r[11], r
         dev_ms, overlap_ms = (float(x) for x in r[11].split("/"))
-        assert (dev_ms > 0) == (int(r[8]) > 0) and overlap_ms == 0, r
+        assert (dev_ms > 0) == (int(r[8]) > 0) and overlap_ms <= dev_ms, r
+        assert overlap_ms == 0 or gpu == "eager", r
+        overlap += overlap_ms if r[0] == "default" else 0.0
+    assert overlap > 0 or gpu == "lazy", out
     # a partial cache leaves every layer a CPU half; the whole cache none (the FFN on the device)
     assert all(int(r[8]) == 30 for r in fake if r[2] in ("0.1", "0.5"))
     assert all(int(r[8]) == 0 for r in fake if r[2] == "1.0")
@@ -421,9 +442,12 @@ def test_halves_are_timed_per_step(kx_model: Path, sizes, head_start: bool) -> N
             for _ in range(6):
                 toks.append(int(s.logits().argmax()))
                 s.decode([toks[-1]])
-            runs.append((toks, s.hybrid_stats()))
-    (toks_off, off), (toks_on, on) = runs
+            runs.append((toks, s.hybrid_stats(), s.device_busy()))
+    (toks_off, off, busy_off), (toks_on, on, busy_on) = runs
     assert toks_on == toks_off
+    # the device's busy share: 6 graphs timed, the stand-in's device halves a part of their time
+    assert busy_off == (0, 0.0, 0.0)
+    assert busy_on[0] == 6 and 0 < busy_on[2] < busy_on[1], busy_on
     assert all(st.timed_steps == 0 and st.t_dev_us == 0 and st.t_shorter_us == 0 for st in off)
     split = [st for st in on if 0 < st.n_slots < st.n_groups]
     assert len(split) >= 2

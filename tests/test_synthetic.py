@@ -125,4 +125,10 @@ def test_h2h_script_tiny(tmp_path: Path) -> None:
         if r["engine"] == "Kairox" and r["budget"] == "75%":
             assert float(r["splits_per_tok"]) >= 1 and float(r["waits_per_tok"]) == 0, r
             assert float(r["dev_us_per_layer"]) > 0 and float(r["overlap_share"]) == 0, r
+            assert 0 < float(r["gpu_busy_share"]) < 1, r
     assert (tmp_path / "h2h.md").is_file() and (tmp_path / "h2h.png").is_file()
+    # per-token latency of every Kairox row over its 4 decoded tokens
+    lat = list(csv.DictReader((tmp_path / "h2h_latency.csv").read_text().splitlines()))
+    kairox = [r for r in rows[1:] if r.split(",")[2] == "Kairox"]
+    assert len(lat) == 4 * len(kairox) and all(float(r["latency_ms"]) > 0 for r in lat)
+    assert (tmp_path / "h2h_latency.png").is_file()
