@@ -379,10 +379,12 @@ def _hybrid_tables(session: Session) -> tuple[Table, Table]:
         cache.add_column(col, justify="right")
     # the last graph (one token's): hand-overs between the CPU and the device, and the waits for
     # a GPU they cost (the design: one per layer with a CPU half)
-    pipe = Table(title=f"hybrid pipeline per layer (ms in all); last token: {session.graph_splits()} backend "
-                       f"splits, {session.graph_waits()} waits for the GPU", title_justify="left")
-    for col in ("layer", "planned ahead", "plan", "reloads", "stall", "CPU half", "device half", "overlap",
-                "io-bound"):
+    # short headers, so that the table fits 80 columns; the title says what they mean
+    pipe = Table(title=f"hybrid pipeline per layer (ms in all; ahead: steps planned during the layer before; "
+                       f"CPU and device: the halves; overlap: share of the shorter half's time the other "
+                       f"computed alongside); last token: {session.graph_splits()} backend splits, "
+                       f"{session.graph_waits()} waits for the GPU", title_justify="left")
+    for col in ("layer", "ahead", "plan", "reload", "stall", "CPU", "device", "overlap", "io-bound"):
         pipe.add_column(col, justify="right")
     for i, st in enumerate(session.hybrid_stats()):
         if st.n_slots == 0:  # no cache in this layer: it runs on the CPU alone, the runtime skips it
