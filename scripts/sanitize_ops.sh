@@ -14,13 +14,9 @@ if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
 fi
 cd "$(dirname "$0")/.."
 build=${1:-build/sanitize}
-# pip's isolated build brings its own CMake; a fresh virtualenv may have none on PATH
-command -v cmake >/dev/null || python3 -m pip install -q cmake ninja
-gen=()
-command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKAIROX_SANITIZE=ON \
-    -DKAIROX_TOOLS=OFF -DKAIROX_CUDA_KERNELS=OFF >/dev/null
-cmake --build "$build" --target test-kairox-ops -j "$(nproc)"
+# shellcheck source=scripts/sanitizer_build.sh
+source scripts/sanitizer_build.sh
+sanitizer_build "$build" test-kairox-ops -DKAIROX_SANITIZE=ON
 export ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1:strict_string_checks=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 "$build/bin/test-kairox-ops" test -t 2

@@ -17,14 +17,11 @@ model=$(realpath "$1")
 [ -f "$model" ] || { echo "no such model: $1" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 build=${2:-build/tsan}
-command -v cmake >/dev/null || python3 -m pip install -q cmake ninja
-gen=()
-command -v ninja >/dev/null && gen=(-G Ninja)
-cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKAIROX_TOOLS=OFF \
-    -DKAIROX_CUDA_KERNELS=OFF -DGGML_OPENMP=OFF -DCMAKE_C_FLAGS=-fsanitize=thread \
-    -DCMAKE_CXX_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
-    -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread >/dev/null
-cmake --build "$build" --target test-kairox-sched test-kairox-hybrid -j "$(nproc)"
+# shellcheck source=scripts/sanitizer_build.sh
+source scripts/sanitizer_build.sh
+sanitizer_build "$build" "test-kairox-sched test-kairox-hybrid" -DGGML_OPENMP=OFF \
+    -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_CXX_FLAGS=-fsanitize=thread \
+    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread
 export TSAN_OPTIONS=halt_on_error=1:exitcode=66
 "$build/bin/test-kairox-sched"
 # the compare's exit 1 means a run's top tokens agreed at fewer than 90% of its steps (the
