@@ -89,6 +89,10 @@ FFN_ROWS = "ffn_(up|gate)"
 ROW_MODES = ("predictor", "cats")
 
 
+# the error of the hybrid runtime's calls on a context without one
+NO_HYBRID = "this context has no hybrid runtime (ContextParams(vram_budget_gib != 0))"
+
+
 class Model:
     """A loaded GGUF model (llama_model) plus its vocabulary.
 
@@ -766,7 +770,7 @@ class Session:
         buf = (_lib.kairox_hybrid_layer_stats * n)()
         got = int(_lib.kairox_hybrid_get_stats(self.ptr, buf, n))
         if got < 0:
-            raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib != 0))")
+            raise KairoxError(NO_HYBRID)
         return [HybridLayerStats.from_c(s) for s in buf[:got]]
 
     def _hybrid_layer_array(self, fn: Callable[[int, int, Any, int], int], layer: int, dtype: type,
@@ -796,7 +800,7 @@ class Session:
         Off by default: timing records two device events per device split and waits for the
         device at the end of each token, which costs a little speed."""
         if not _lib.kairox_hybrid_set_timing(self.ptr, enable):
-            raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib != 0))")
+            raise KairoxError(NO_HYBRID)
 
     def device_busy(self) -> tuple[int, float, float]:
         """(graphs timed, their wall time, the device's busy time in them), microseconds, since
@@ -805,7 +809,7 @@ class Session:
         wall, busy = ctypes.c_double(), ctypes.c_double()
         n = int(_lib.kairox_hybrid_get_device_busy(self.ptr, ctypes.byref(wall), ctypes.byref(busy)))
         if n < 0:
-            raise KairoxError("this context has no hybrid runtime (ContextParams(vram_budget_gib != 0))")
+            raise KairoxError(NO_HYBRID)
         return n, wall.value, busy.value
 
     # -- workloads -----------------------------------------------------------------------

@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGUFReader
@@ -290,6 +291,18 @@ def write_tables(rows: list[Row], out: Path, title: str) -> None:
             ]) + " |\n")
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend, or None where matplotlib is not installed (the
+    GPU machine may lack it: the tables are still written)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
 def write_latency(rows: list[Row], out: Path, title: str, png: bool = True) -> None:
     """Per-token decode latency over the sequence of each Kairox row (llama-bench reports only
     averages): h2h_latency.csv, and (png) h2h_latency.png with one panel per workload."""
@@ -301,11 +314,8 @@ def write_latency(rows: list[Row], out: Path, title: str, png: bool = True) -> N
             w.writerows([r.workload, r.budget, r.config, i, f"{ms:.3f}"] for i, ms in enumerate(r.latency_ms))
     if not png:
         return
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     workloads = list(dict.fromkeys(r.workload for r in lat))
     if not workloads:
@@ -325,11 +335,8 @@ def write_latency(rows: list[Row], out: Path, title: str, png: bool = True) -> N
 
 
 def plot(rows: list[Row], out: Path, title: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     budgets = [b for b in dict.fromkeys(r.budget for r in rows) if b != "-"]
     workloads = list(dict.fromkeys(r.workload for r in rows if r.engine == "Kairox"))
