@@ -76,16 +76,24 @@ case "${1:-}" in
             echo "cores: $(nproc)"
         } | tee "$out/env.txt"
         # correctness first: the hybrid runtime on the GPU against the CPU-only sparse path
-        python3 - "$work/compare.gguf" <<'EOF'
+        python3 - "$work/compare.gguf" "$work/compare-original.gguf" <<'EOF'
 import sys
 from dataclasses import replace
-from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, write_synthetic_llama
+from kairox_py.benchmark.synthetic import SHAPES, SparseSpec, write_original, write_synthetic_llama
 write_synthetic_llama(sys.argv[1], replace(SHAPES["7b"], n_layer=4), "q4_0", SparseSpec(pred_rank=64), group_size=32)
+write_original(sys.argv[1], sys.argv[2])
 EOF
         timeout 90 "$work/bin/test-kairox-hybrid" "$work/compare.gguf" compare 16 --dense-on-device \
             > "$out/compare.log" 2>&1 || echo "compare: exit $?"
         tail -3 "$out/compare.log"
-        rm -f "$work/compare.gguf"
+        # everything resident against upstream, per decode step, with and without CUDA graphs
+        # (ggml-cuda reads GGML_CUDA_DISABLE_GRAPHS once per process)
+        timeout 60 "$work/bin/test-kairox-hybrid" "$work/compare.gguf" speed "$work/compare-original.gguf" 64 \
+            > "$out/speed.log" 2>&1 || echo "speed: exit $?"
+        GGML_CUDA_DISABLE_GRAPHS=1 timeout 60 "$work/bin/test-kairox-hybrid" "$work/compare.gguf" speed \
+            "$work/compare-original.gguf" 64 > "$out/speed-no-cuda-graphs.log" 2>&1 || echo "speed, no CUDA graphs: exit $?"
+        cat "$out/speed.log" "$out/speed-no-cuda-graphs.log"
+        rm -f "$work/compare.gguf" "$work/compare-original.gguf"
 
         python3 scripts/hybrid_h2h.py --llama-bench "$work/bin/llama-bench" --models "$work" --out "$out" "$@" \
             2>&1 | tee "$out/h2h.log"

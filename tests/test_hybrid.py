@@ -296,7 +296,9 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(  # ty
     device half by the fake GPU's events. The lazy fake GPU runs them when the host waits for
     them, after the CPU half: device time but no overlap. The eager one (--fake-gpu=eager) runs
     its queues on worker threads as work arrives, concurrently with the host, as a GPU does:
-    everything above holds, and the device half computes while the CPU half does."""
+    everything above holds, and the device half computes while the CPU half does. After the
+    first two steps no device graph changes the properties a CUDA graph is captured from (its
+    nodes' parameters, its sources' addresses and shapes), so a CUDA build replays every one."""
     from conftest import find_tool
 
     exe = find_tool("test-kairox-hybrid")
@@ -321,6 +323,8 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(  # ty
         dev_ms, overlap_ms = (float(x) for x in r[11].split("/"))
         assert (dev_ms > 0) == (int(r[8]) > 0) and overlap_ms <= dev_ms, r
         assert overlap_ms == 0 or gpu == "eager", r
+        recaptured, graphs = (int(x) for x in r[12].split("/"))
+        assert recaptured == 0 and graphs > 0, r
         overlap += overlap_ms if r[0] == "default" else 0.0
     assert overlap > 0 or gpu == "lazy", out
     # a partial cache leaves every layer a CPU half; the whole cache none (the FFN on the device)
@@ -644,3 +648,32 @@ def test_fully_resident_layer_runs_without_plan(tmp_path: Path) -> None:
     part, plans, steps = run(0.0013)  # about half the groups (test_static_scores_hybrid_equals_cpu)
     assert part == cpu
     assert plans == n * sum(1 for x in steps if x > 0) and any(x > 0 for x in steps)
+
+
+def test_everything_resident_costs_the_host_what_upstream_does(kx_model: Path, model_path: Path) -> None:
+    """test-kairox-hybrid speed --fake-gpu --skip-compute: a decode step's host time with the
+    device's graphs queued but not computed, for upstream on the original GGUF (every layer on
+    the device), the hybrid runtime with every group cached, and with half of them. A GPU
+    computes a small layer faster than the host prepares it, so with the whole model resident the
+    hybrid must cost the host what upstream does: one device graph per step (no host round trip
+    per layer), none of them re-captured as a CUDA graph, and no per-layer host work; with half
+    of the groups, every layer's CPU half is one more device graph on each side of it."""
+    import subprocess
+
+    from conftest import find_tool
+
+    exe = find_tool("test-kairox-hybrid")
+    if exe is None:
+        pytest.skip("test-kairox-hybrid not built")
+    proc = subprocess.run([str(exe), str(kx_model), "speed", str(model_path), "16", "--fake-gpu", "--skip-compute"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in proc.stdout.splitlines()
+            if line.startswith("| llama.cpp") or line.startswith("| Kairox")]
+    assert len(rows) == 3, proc.stdout
+    (_, up_us, _, _, up_graphs, up_recap), (_, fit_us, _, _, fit_graphs, fit_recap), half = rows
+    assert float(up_graphs) == float(fit_graphs) == 1.0, proc.stdout
+    assert float(half[4]) == 2 * 30 + 1, proc.stdout
+    assert float(up_recap) == float(fit_recap) == float(half[5]) == 0.0, proc.stdout
+    # a host round trip or a scan per layer costs tens of microseconds each, 30 layers
+    assert float(fit_us) <= 4 * float(up_us) + 150, proc.stdout
