@@ -94,7 +94,7 @@ class HybridLayerStats:
     t_stall_us: float  # time the plan waited for reloads still copying
     timed_steps: int = 0  # steps whose halves were timed (Session.set_hybrid_timing)
     t_dev_us: float = 0.0  # the device half over those steps
-    t_overlap_us: float = 0.0  # time both halves computed at once over those steps
+    t_overlap_us: float = 0.0  # time both halves computed at once over those steps, as the clocks prove it
     t_shorter_us: float = 0.0  # the shorter half's time, summed per timed step
 
     @property
