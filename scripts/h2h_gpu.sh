@@ -12,8 +12,11 @@
 #   scripts/h2h_gpu.sh --run DIR OUT [hybrid_h2h.py options]
 #       on the GPU machine, from the repository root: the hybrid runtime against the CPU-only
 #       path on the GPU (test-kairox-hybrid compare, a small synthetic model with a predictor),
-#       then scripts/hybrid_h2h.py (7B shapes, 8 threads) into OUT: env.txt, compare.log,
-#       h2h.csv, h2h.md, h2h.png, h2h_latency.csv, h2h_latency.png, h2h.log
+#       its time per decode step with every group cached against upstream on the model's
+#       original, with and without CUDA graphs (test-kairox-hybrid speed), then
+#       scripts/hybrid_h2h.py (7B shapes, 8 threads) into OUT: env.txt, compare.log, speed.log,
+#       speed-no-cuda-graphs.log, h2h.csv, h2h.md, h2h.png, h2h_latency.csv, h2h_latency.png,
+#       h2h.log
 set -euo pipefail
 
 case "${1:-}" in
