@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One GPU session's checks, staged here and run there in one call (the device tool lends a GPU
+# machine for minutes, carries at most 64 MiB and reaches no network): the CUDA kernels' test
+# and timings (scripts/cuda_check.sh), then issue 35's head-to-head with its correctness and
+# per-step speed checks (scripts/h2h_gpu.sh).
+#
+#   scripts/gpu_session.sh --stage DIR [CUDA_ROOT]
+#       on this machine (~40 min on 2 cores the first time): DIR/cc and DIR/h2h; fails when
+#       together they exceed what one call carries
+#   scripts/gpu_session.sh --run DIR OUT [--only cc|h2h] [hybrid_h2h.py options]
+#       on the GPU machine, from the repository root: OUT/cc (test.log, perf.log, ...) and
+#       OUT/h2h (compare.log, speed.log, h2h.csv, ...). One call must end within the device
+#       tool's 600 s: the kernel checks take minutes with their sanitizers, so give
+#       the head-to-head `--deadline 200`, or run each part in a call of its own (--only).
+set -euo pipefail
+case "${1:-}" in
+    --stage)
+        [ $# -ge 2 ] || { sed -n '7,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+        cd "$(dirname "$0")/.."
+        dir=$2
+        scripts/cuda_check.sh --stage "$dir/cc"
+        scripts/h2h_gpu.sh --stage "$dir/h2h" "${3:-}"
+        size=$(du -sm "$dir" | cut -f1)
+        echo "staged in $dir: ${size} MiB"
+        if [ "$size" -gt 63 ]; then
+            echo "more than one call carries (64 MiB): carry $dir/cc and $dir/h2h in two calls" >&2
+            exit 1
+        fi
+        ;;
+    --run)
+        [ $# -ge 3 ] || { sed -n '10,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+        dir=$2 out=$3
+        shift 3
+        only=""
+        if [ "${1:-}" = "--only" ]; then
+            only=${2:-}
+            [ "$only" = cc ] || [ "$only" = h2h ] || { echo "--only: cc or h2h" >&2; exit 2; }
+            shift 2
+        fi
+        mkdir -p "$out"
+        rc=0
+        if [ "$only" != h2h ]; then
+            "$dir/cc/cuda_check.sh" --run "$dir/cc" "$out/cc" || rc=$?
+        fi
+        if [ "$only" != cc ]; then
+            bash scripts/h2h_gpu.sh --run "$dir/h2h" "$out/h2h" "$@" || rc=$?
+        fi
+        exit $rc
+        ;;
+    *)
+        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+        exit 2
+        ;;
+esac
