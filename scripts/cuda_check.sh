@@ -6,7 +6,8 @@
 #
 #   scripts/cuda_check.sh                 build here (build/cuda-check) and run; needs the GPU
 #                                         machine to have vendor/llama.cpp (or the pinned sdist)
-#   scripts/cuda_check.sh --stage DIR     on a machine without a GPU: build test-kairox-cuda
+#   scripts/cuda_check.sh --stage DIR [CUDA_ROOT]
+#                                         on a machine without a GPU: build test-kairox-cuda
 #                                         (sm_80 + sm_90 code, CPU code for any AVX2 machine)
 #                                         and put it in DIR with libkairox, libcudart and this
 #                                         script, to copy to a GPU machine
@@ -169,7 +170,9 @@ case "${1:-}" in
     --stage)
         cd "$(dirname "$0")/.."
         dir=$2 B=build/cuda-stage
-        build_test "$B" "${PORTABLE_CPU[@]}" -DKAIROX_CUDA_KERNELS=ON -DCMAKE_CUDA_ARCHITECTURES="80;90"
+        root=()
+        [ -n "${3:-}" ] && root=(-DCUDAToolkit_ROOT="$3" -DKAIROX_CUBLAS_INCLUDE="$3/include")
+        build_test "$B" "${PORTABLE_CPU[@]}" -DKAIROX_CUDA_KERNELS=ON -DCMAKE_CUDA_ARCHITECTURES="80;90" "${root[@]}"
         mkdir -p "$dir"
         cp "$B/bin/test-kairox-cuda" "$B/libkairox.so" "$0" "$dir/"
         cudart=$(ldd "$B/bin/test-kairox-cuda" | awk '/libcudart/ { print $3 }')

@@ -18,7 +18,7 @@ case "${1:-}" in
         [ $# -ge 2 ] || { sed -n '7,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
         cd "$(dirname "$0")/.."
         dir=$2
-        scripts/cuda_check.sh --stage "$dir/cc"
+        scripts/cuda_check.sh --stage "$dir/cc" "${3:-}"
         scripts/h2h_gpu.sh --stage "$dir/h2h" "${3:-}"
         size=$(du -sm "$dir" | cut -f1)
         echo "staged in $dir: ${size} MiB"
