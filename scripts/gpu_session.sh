@@ -5,7 +5,7 @@
 # per-step speed checks (scripts/h2h_gpu.sh).
 #
 #   scripts/gpu_session.sh --stage DIR [CUDA_ROOT]
-#       on this machine (~40 min on 2 cores the first time): DIR/cc and DIR/h2h; fails when
+#       on this machine (~30 min on 2 cores the first time): DIR/cc and DIR/h2h; fails when
 #       together they exceed what one call carries
 #   scripts/gpu_session.sh --run DIR OUT [--only cc|h2h] [hybrid_h2h.py options]
 #       on the GPU machine, from the repository root: OUT/cc (test.log, perf.log, ...) and
