@@ -13,10 +13,11 @@
 #       on the GPU machine, from the repository root: the hybrid runtime against the CPU-only
 #       path on the GPU (test-kairox-hybrid compare, a small synthetic model with a predictor),
 #       its time per decode step with every group cached against upstream on the model's
-#       original, with and without CUDA graphs (test-kairox-hybrid speed), then
-#       scripts/hybrid_h2h.py (7B shapes, 8 threads) into OUT: env.txt, compare.log, speed.log,
-#       speed-no-cuda-graphs.log, h2h.csv, h2h.md, h2h.png, h2h_latency.csv, h2h_latency.png,
-#       h2h.log
+#       original, with and without CUDA graphs (test-kairox-hybrid speed), the same three
+#       configurations' device time per step by kernel (Nsight Compute, scripts/kernel_profile.py),
+#       then scripts/hybrid_h2h.py (7B shapes, 8 threads) into OUT: env.txt, compare.log,
+#       speed.log, speed-no-cuda-graphs.log, ncu-*.csv, kernels.md, kernels.csv, h2h.csv, h2h.md,
+#       h2h.png, h2h_latency.csv, h2h_latency.png, h2h.log
 set -euo pipefail
 
 case "${1:-}" in
@@ -96,13 +97,28 @@ EOF
         GGML_CUDA_DISABLE_GRAPHS=1 timeout 60 "$work/bin/test-kairox-hybrid" "$work/compare.gguf" speed \
             "$work/compare-original.gguf" 64 > "$out/speed-no-cuda-graphs.log" 2>&1 || echo "speed, no CUDA graphs: exit $?"
         cat "$out/speed.log" "$out/speed-no-cuda-graphs.log"
+        # which kernels make the difference: each configuration's device time per step by kernel,
+        # recorded by Nsight Compute over the same 8 steps (kernels.md; skipped without ncu)
+        ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1 || true)
+        if [ -n "$ncu" ]; then
+            for c in upstream fit half; do
+                GGML_CUDA_DISABLE_GRAPHS=1 timeout 150 "$ncu" --profile-from-start off --clock-control none \
+                    --metrics gpu__time_duration.sum --print-kernel-base demangled --print-units base --csv \
+                    --log-file "$out/ncu-$c.csv" "$work/bin/test-kairox-hybrid" "$work/compare.gguf" speed \
+                    "$work/compare-original.gguf" 8 --profile "$c" > "$out/ncu-$c.log" 2>&1 || echo "ncu $c: exit $?"
+            done
+            python3 scripts/kernel_profile.py --steps 8 upstream="$out/ncu-upstream.csv" fit="$out/ncu-fit.csv" \
+                half="$out/ncu-half.csv" -o "$out/kernels" || echo "kernel profile: exit $?"
+        else
+            echo "no ncu: no per-kernel profile"
+        fi
         rm -f "$work/compare.gguf" "$work/compare-original.gguf"
 
         python3 scripts/hybrid_h2h.py --llama-bench "$work/bin/llama-bench" --models "$work" --out "$out" "$@" \
             2>&1 | tee "$out/h2h.log"
         ;;
     *)
-        sed -n '2,16p' "$0"
+        sed -n '2,20p' "$0"
         exit 2
         ;;
 esac

@@ -677,3 +677,25 @@ def test_everything_resident_costs_the_host_what_upstream_does(kx_model: Path, m
     assert float(up_recap) == float(fit_recap) == float(half[5]) == 0.0, proc.stdout
     # a host round trip or a scan per layer costs tens of microseconds each, 30 layers
     assert float(fit_us) <= 4 * float(up_us) + 150, proc.stdout
+
+
+def test_speed_profiles_one_configuration(kx_model: Path, model_path: Path) -> None:
+    """test-kairox-hybrid speed --profile CONFIG (what Nsight Compute runs, one configuration
+    per run so its kernels are its own): only that configuration is timed, for one round; without
+    a CUDA driver it says it has no profiler range; an unknown configuration is a usage error."""
+    import subprocess
+
+    from conftest import find_tool
+
+    exe = find_tool("test-kairox-hybrid")
+    if exe is None:
+        pytest.skip("test-kairox-hybrid not built")
+    base = [str(exe), str(kx_model), "speed", str(model_path), "4", "--fake-gpu", "--skip-compute"]
+    for config, label in (("upstream", "| llama.cpp"), ("fit", "| Kairox, every group"), ("half", "| Kairox, half")):
+        proc = subprocess.run(base + ["--profile", config], capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        rows = [line for line in proc.stdout.splitlines() if line.startswith(("| llama.cpp", "| Kairox"))]
+        assert len(rows) == 1 and rows[0].startswith(label), proc.stdout
+        assert "median of 1" in proc.stdout and "no CUDA driver's profiler" in proc.stderr
+    proc = subprocess.run(base + ["--profile", "all"], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2 and "--profile upstream|fit|half" in proc.stderr

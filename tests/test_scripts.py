@@ -6,6 +6,7 @@ experiments/ and are not checked.
 """
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,55 @@ print(f"{{m}},0,64,{{10 * k[1] * d}},0.1")
     proc = subprocess.run([sys.executable, str(script), str(orig), str(broken), "--bench", str(fake),
                            "--rounds", "1", "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "llama-bench failed on" in proc.stderr and "Traceback" not in proc.stderr
+
+
+NCU_DETAILS = '''==PROF== Connected to process 4242 (/tmp/work/bin/test-kairox-hybrid)
+==PROF== Profiling "mul_mat_vec_q": 0%....50%....100% - 1 pass
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","test-kairox-hybrid","127.0.0.1","void mul_mat_vec_q<(ggml_type)2, (int)1, false>(const void *, const void *, float *, int)","1","13","(32, 4, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","12,500"
+"1","4242","test-kairox-hybrid","127.0.0.1","void rms_norm_f32<(int)1024>(const float *, float *, int)","1","13","(1024, 1, 1)","(1, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","2.5"
+"2","4242","test-kairox-hybrid","127.0.0.1","void mul_mat_vec_q<(ggml_type)2, (int)1, false>(const void *, const void *, float *, int)","1","13","(32, 4, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","11,500"
+"3","4242","test-kairox-hybrid","127.0.0.1","kx_mm_cached_kernel","1","13","(256, 1, 1)","(64, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","nsecond","30,000"
+==PROF== Disconnected from process 4242
+'''
+
+NCU_RAW = '''"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","gpu__time_duration.sum"
+"","","","","","","","","","","","msecond"
+"0","7","t","h","void mul_mat_vec_q<(ggml_type)2, (int)1, false>(const void *)","1","13","(32, 4, 1)","(4096, 1, 1)","0","9.0","0.010"
+"1","7","t","h","void mul_mat_vec_q<(ggml_type)2, (int)1, false>(const void *)","1","13","(32, 4, 1)","(4096, 1, 1)","0","9.0","0.014"
+'''
+
+
+def test_kernel_profile_tables_both_ncu_layouts(tmp_path: Path) -> None:
+    """scripts/kernel_profile.py: calls and microseconds per step by kernel for each
+    configuration, from ncu's default CSV (units per row, thousands separators, ==PROF== lines
+    around it) and from `--page raw` (units in the second row); the slowest kernel first; a file
+    without ncu's header is an error naming it."""
+    det, raw = tmp_path / "fit.csv", tmp_path / "upstream.csv"
+    det.write_text(NCU_DETAILS)
+    raw.write_text(NCU_RAW)
+    script = REPO / "scripts" / "kernel_profile.py"
+    out = tmp_path / "k" / "kernels"
+    proc = subprocess.run([sys.executable, str(script), "--steps", "2", f"upstream={raw}", f"fit={det}", "-o", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.reader(out.with_suffix(".csv").open()))
+    assert rows[0] == ["kernel", "upstream calls/step", "upstream us/step", "fit calls/step", "fit us/step"]
+    by = {r[0]: r[1:] for r in rows[1:]}
+    mmvq = "mul_mat_vec_q<(ggml_type)2, (int)1, false>"
+    # upstream: 10 + 14 us over 2 steps; fit: 12.5 + 11.5 us
+    assert by[mmvq] == ["1.00", "12.0", "1.00", "12.0"]
+    assert by["kx_mm_cached_kernel"] == ["0.00", "0.0", "0.50", "15.0"]
+    assert by["rms_norm_f32<(int)1024>"] == ["0.00", "0.0", "0.50", "1.2"]
+    assert rows[1][0] == "kx_mm_cached_kernel"  # the slowest first
+    assert rows[-1] == ["all kernels", "1.00", "12.0", "2.00", "28.2"]
+    assert "| kx_mm_cached_kernel |" in out.with_suffix(".md").read_text()
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("==PROF== Connected\nno kernels were profiled\n")
+    proc = subprocess.run([sys.executable, str(script), "--steps", "2", f"x={bad}", "-o", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "bad.csv" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run([sys.executable, str(script), "--steps", "2", str(bad), "-o", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "LABEL=CSV" in proc.stderr
