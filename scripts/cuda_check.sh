@@ -33,6 +33,8 @@
 #                                         rest: DIR gets the runtime from --stage-hybrid's DIR
 #                                         on the GPU machine (HYBRID_DIR=that DIR at --run)
 #   DIR/cuda_check.sh --run DIR [OUT_DIR] on the GPU machine: run the staged binaries
+#                                         (KX_SKIP_SANITIZERS=1: without compute-sanitizer's
+#                                         runs, the slowest part, when the machine's time is short)
 set -euo pipefail
 
 # cuBLAS and the CUDA runtime for the binaries with the whole CUDA backend: from the machine's
@@ -112,7 +114,7 @@ run_checks() { # $1: directory holding the staged binaries (and their libraries)
         echo "backend-ops: exit $rc"
         timeout 300 "$bin/test-backend-ops" perf -b CUDA0 -o MUL_MAT_SPARSE,AXPY_SPARSE > "$out/backend-ops-perf.log" 2>&1 \
             || echo "backend-ops perf: exit $?"
-        if command -v compute-sanitizer > /dev/null; then
+        if [ -z "${KX_SKIP_SANITIZERS:-}" ] && command -v compute-sanitizer > /dev/null; then
             timeout 300 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/test-backend-ops" test -b CUDA0 \
                 -o MUL_MAT_SPARSE,AXPY_SPARSE > "$out/backend-ops-memcheck.log" 2>&1 || { echo "backend-ops memcheck: exit $?"; rc=1; }
             tail -2 "$out/backend-ops-memcheck.log"
@@ -125,7 +127,7 @@ run_checks() { # $1: directory holding the staged binaries (and their libraries)
     grep -v " OK$" "$out/test.log" | tail -20
     echo "test: exit $rc"
     timeout 300 "$bin/test-kairox-cuda" perf -o "$out/perf.csv" > "$out/perf.log" 2>&1 || echo "perf: exit $?"
-    if command -v compute-sanitizer > /dev/null; then
+    if [ -z "${KX_SKIP_SANITIZERS:-}" ] && command -v compute-sanitizer > /dev/null; then
         for tool in memcheck racecheck; do
             local extra=()
             [ "$tool" = memcheck ] && extra=(--leak-check full)

@@ -8,10 +8,11 @@
 #       on this machine (~30 min on 2 cores the first time): DIR/cc and DIR/h2h; fails when
 #       together they exceed what one call carries
 #   scripts/gpu_session.sh --run DIR OUT [--only cc|h2h] [hybrid_h2h.py options]
-#       on the GPU machine, from the repository root: OUT/cc (test.log, perf.log, ...) and
-#       OUT/h2h (compare.log, speed.log, h2h.csv, ...). One call must end within the device
-#       tool's 600 s: the kernel checks take minutes with their sanitizers, so give
-#       the head-to-head `--deadline 200`, or run each part in a call of its own (--only).
+#       on the GPU machine, from the repository root: OUT/cc.tar.gz (test.log, perf.log, ...)
+#       and OUT/h2h.tar.gz (compare.log, speed.log, kernels.md, h2h.csv, ...), one archive per
+#       part because the device tool brings back at most 8 files. One call must end within its
+#       600 s: the kernel checks take minutes with their sanitizers, so give the head-to-head
+#       `--deadline 200`, or run each part in a call of its own (--only).
 set -euo pipefail
 case "${1:-}" in
     --stage)
@@ -28,7 +29,7 @@ case "${1:-}" in
         fi
         ;;
     --run)
-        [ $# -ge 3 ] || { sed -n '10,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+        [ $# -ge 3 ] || { sed -n '10,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
         dir=$2 out=$3
         shift 3
         only=""
@@ -38,17 +39,20 @@ case "${1:-}" in
             shift 2
         fi
         mkdir -p "$out"
+        pack() { tar -czf "$out/$1.tar.gz" -C "$out" "$1" && rm -rf "${out:?}/$1"; }
         rc=0
         if [ "$only" != h2h ]; then
             "$dir/cc/cuda_check.sh" --run "$dir/cc" "$out/cc" || rc=$?
+            pack cc || rc=$?
         fi
         if [ "$only" != cc ]; then
             bash scripts/h2h_gpu.sh --run "$dir/h2h" "$out/h2h" "$@" || rc=$?
+            pack h2h || rc=$?
         fi
         exit $rc
         ;;
     *)
-        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
         ;;
 esac
