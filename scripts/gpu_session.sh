@@ -21,11 +21,18 @@ case "${1:-}" in
         dir=$2
         scripts/cuda_check.sh --stage "$dir/cc" "${3:-}"
         scripts/h2h_gpu.sh --stage "$dir/h2h" "${3:-}"
+        # a call carries the working tree (tracked files and untracked ones git does not ignore)
+        # with what it names, 64 MiB in all
+        tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 du -cb 2>/dev/null \
+                | awk '$2 == "total" { s += $1 } END { print int(s / 1048576) + 1 }')
         size=$(du -sm "$dir" | cut -f1)
-        echo "staged in $dir: ${size} MiB"
-        if [ "$size" -gt 63 ]; then
-            echo "more than one call carries (64 MiB): carry $dir/cc and $dir/h2h in two calls" >&2
-            exit 1
+        echo "staged in $dir: ${size} MiB, with the working tree's ${tree} MiB"
+        if [ $((size + tree)) -gt 63 ]; then
+            echo "more than one call carries (64 MiB with the tree): carry $dir/cc and $dir/h2h in two calls" >&2
+            for part in cc h2h; do
+                [ $(( $(du -sm "$dir/$part" | cut -f1) + tree )) -le 63 ] \
+                    || { echo "$dir/$part alone with the tree is over 63 MiB" >&2; exit 1; }
+            done
         fi
         ;;
     --run)

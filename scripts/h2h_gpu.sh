@@ -5,9 +5,9 @@
 #
 #   scripts/h2h_gpu.sh --stage DIR [CUDA_ROOT]
 #       on this machine: build libkairox with the whole CUDA backend (build/cuda-full, sm_90;
-#       ~30 min on 2 cores the first time), llama-bench and test-kairox-hybrid of the same build,
-#       and put them in DIR (library and llama-bench xz-compressed: ~52 MiB) with the gguf wheel
-#       kairox_py needs.
+#       ~30 min on 2 cores the first time), llama-bench (linked to libkairox: llama-bench-shared)
+#       and test-kairox-hybrid of the same build, and put them in DIR (xz-compressed: ~30 MiB)
+#       with the gguf wheel kairox_py needs.
 #       CUDA_ROOT: a toolkit root that has cuBLAS (README)
 #   scripts/h2h_gpu.sh --run DIR OUT [hybrid_h2h.py options]
 #       on the GPU machine, from the repository root: the hybrid runtime against the CPU-only
@@ -31,17 +31,18 @@ case "${1:-}" in
               -DKAIROX_CUDA=ON -DKAIROX_CUDA_KERNELS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
               -DGGML_FMA=ON -DGGML_F16C=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF "${root[@]}" \
               > "$B.configure.log" 2>&1 || { tail -30 "$B.configure.log"; exit 1; }
-        cmake --build "$B" --target kairox llama-bench test-kairox-hybrid -j "$(nproc)"
+        cmake --build "$B" --target kairox llama-bench-shared test-kairox-hybrid -j "$(nproc)"
         mkdir -p "$dir/bin"
-        # compressed: the device tool carries 64 MiB, and llama-bench holds its own copy of ggml-cuda
+        # compressed: a call carries 64 MiB with the working tree. llama-bench is the build's
+        # llama-bench-shared: upstream's llama-bench with llama and ggml from libkairox, so the
+        # stage holds one copy of ggml-cuda, not two
         strip -o "$dir/libkairox.so" "$B/libkairox.so"
         xz -f -9e -T0 "$dir/libkairox.so"
-        for exe in llama-bench test-kairox-hybrid; do
-            strip -o "$dir/bin/$exe" "$B/bin/$exe"
-        done
+        strip -o "$dir/bin/llama-bench" "$B/bin/llama-bench-shared"
+        strip -o "$dir/bin/test-kairox-hybrid" "$B/bin/test-kairox-hybrid"
         xz -f -9e -T0 "$dir/bin/llama-bench"
-        # the build's other shared libraries (llama-bench's common code may link them)
-        for so in $(ldd "$B/bin/llama-bench" "$B/bin/test-kairox-hybrid" | awk '/=> \/.*build\/cuda-full/ { print $3 }' | sort -u); do
+        # the build's other shared libraries, if any
+        for so in $(ldd "$B/bin/llama-bench-shared" "$B/bin/test-kairox-hybrid" | awk '/=> \/.*build\/cuda-full/ { print $3 }' | sort -u); do
             [ "$(basename "$so")" = libkairox.so ] || strip -o "$dir/$(basename "$so")" "$so"
         done
         gomp=$(ldd "$B/libkairox.so" | awk '/libgomp/ { print $3 }')

@@ -124,3 +124,23 @@ def test_kernel_profile_tables_both_ncu_layouts(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(script), "--steps", "2", str(bad), "-o", str(out)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "LABEL=CSV" in proc.stderr
+
+
+def test_llama_bench_shared_is_llama_bench_over_the_library(model_path: Path) -> None:
+    """llama-bench-shared (what scripts/h2h_gpu.sh stages as llama-bench, so that a GPU
+    machine's call holds one copy of ggml-cuda): upstream's llama-bench linked to libkairox
+    instead of a static llama and ggml. It must load the library beside it, not carry its own,
+    and measure like llama-bench: the same CSV row for the original GGUF."""
+    from conftest import find_tool
+
+    exe = find_tool("llama-bench-shared")
+    if exe is None:
+        pytest.skip("llama-bench-shared not built (KAIROX_TOOLS=OFF)")
+    if sys.platform.startswith("linux"):
+        ldd = subprocess.run(["ldd", str(exe)], capture_output=True, text=True, timeout=60).stdout
+        assert "libkairox" in ldd, ldd
+    proc = subprocess.run([str(exe), "-m", str(model_path), "-p", "0", "-n", "4", "-r", "1", "-t", "2", "-o", "csv"],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader(proc.stdout.splitlines()))
+    assert len(rows) == 1 and int(rows[0]["n_gen"]) == 4 and float(rows[0]["avg_ts"]) > 0, proc.stdout
