@@ -5,8 +5,8 @@
 # per-step speed checks (scripts/h2h_gpu.sh).
 #
 #   scripts/gpu_session.sh --stage DIR [CUDA_ROOT]
-#       on this machine (~30 min on 2 cores the first time): DIR/cc and DIR/h2h; fails when
-#       together they exceed what one call carries
+#       on this machine (~30 min on 2 cores the first time): DIR/cc and DIR/h2h; says when
+#       they need a call each, and fails when one alone is more than a call carries
 #   scripts/gpu_session.sh --run DIR OUT [--only cc|h2h] [hybrid_h2h.py options]
 #       on the GPU machine, from the repository root: OUT/cc.tar.gz (test.log, perf.log, ...)
 #       and OUT/h2h.tar.gz (compare.log, speed.log, kernels.md, h2h.csv, ...), one archive per

@@ -41,10 +41,6 @@ case "${1:-}" in
         strip -o "$dir/bin/llama-bench" "$B/bin/llama-bench-shared"
         strip -o "$dir/bin/test-kairox-hybrid" "$B/bin/test-kairox-hybrid"
         xz -f -9e -T0 "$dir/bin/llama-bench"
-        # the build's other shared libraries, if any
-        for so in $(ldd "$B/bin/llama-bench-shared" "$B/bin/test-kairox-hybrid" | awk '/=> \/.*build\/cuda-full/ { print $3 }' | sort -u); do
-            [ "$(basename "$so")" = libkairox.so ] || strip -o "$dir/$(basename "$so")" "$so"
-        done
         gomp=$(ldd "$B/libkairox.so" | awk '/libgomp/ { print $3 }')
         [ -n "$gomp" ] && cp -L "$gomp" "$dir/"
         mkdir -p "$dir/whl"
