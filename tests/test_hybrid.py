@@ -291,7 +291,9 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(  # ty
     greedy tokens, loads); deterministic mode the CPU-only path's tokens; and a
     default-mode decode step waits for the device once per layer with a CPU half (the fetch of its
     FFN input with the next layer's logits) and once for the token's logits: the predictor runs
-    on the device, the merge and the user's inputs go to the device without a wait. The forced
+    on the device, the merge and the user's inputs go to the device without a wait, and so do
+    the cache's index maps when a reload or an eviction changes them (a synchronous access to
+    device memory counts as a wait: on a GPU it is one). The forced
     runs are timed (kairox_hybrid_set_timing): every step of a layer with both halves times its
     device half by the fake GPU's events. The lazy fake GPU runs them when the host waits for
     them, after the CPU half: device time but no overlap. The eager one (--fake-gpu=eager) runs
@@ -316,6 +318,7 @@ def test_fake_gpu_computes_what_the_stand_in_does_with_one_wait_per_layer(  # ty
         if r[0] == "deterministic":
             assert r[6] == "yes", r  # greedy tokens identical to the CPU-only path
         else:
+            assert "wrong" not in r[10], r  # more waits than the design's (see the docstring)
             n_host, waits, sched = int(r[8]), float(r[9]), float(r[10])
             assert waits == n_host + 1, r
             assert sched == waits - 1, r  # kairox_graph_waits: all but the token's logits
